@@ -1,0 +1,105 @@
+"""Project-level contracts: the README's commands, CI, the dev stack's compose file, packaging."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```sh\n(.*?)\n```", text, flags=re.S)
+
+
+def test_readme_has_exactly_two_setup_commands() -> None:
+    commands = _readme_commands()
+    assert len(commands) == 2, commands
+    assert all("\n" not in c for c in commands), "each set-up command is one line"
+    main_job, tests = commands
+    assert "tiered demo" in main_job
+    assert "pytest" in tests and "[dev]" in tests
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    match = re.search(r'^TEST_COMMAND="(.*)"$', ci, flags=re.M)
+    assert match, ".ci/run must define TEST_COMMAND"
+    assert match.group(1) == _readme_commands()[1]
+    assert "git clone" in ci, ".ci/run tests a clean clone"
+    assert re.search(r'"\$rc" -eq 5', ci), "pytest's 'no tests' exit (5) must fail CI"
+
+
+def test_pyproject_layout_and_extras() -> None:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = meta["project"]
+    assert project["name"] == "tiered"
+    assert project["requires-python"] == ">=3.11"
+    assert project["scripts"]["tiered"] == "tiered.cli:main"
+    # the daemon alone must not pull in Spark
+    assert not any(dep.startswith("pyspark") for dep in project["dependencies"])
+    assert any(dep.startswith("pyspark") for dep in project["optional-dependencies"]["spark"])
+    assert "tiered[spark]" in project["optional-dependencies"]["dev"]
+    # every dependency pins a lower bound
+    for dep in project["dependencies"] + project["optional-dependencies"]["dev"]:
+        assert ">=" in dep or dep.startswith("tiered["), dep
+    for package in ("tiered", "archiver", "cache", "manifests", "spark_jobs"):
+        assert (ROOT / package / "__init__.py").is_file(), package
+
+
+def test_docker_compose_dev_stack_is_consistent() -> None:
+    """docker compose cannot run here: check the file's wiring instead."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"minio", "create-bucket", "tiered"} <= set(services)
+
+    minio = services["minio"]
+    assert minio["image"].startswith("minio/minio:") and ":latest" not in minio["image"]
+    assert "9000:9000" in minio["ports"]
+    user = minio["environment"]["MINIO_ROOT_USER"]
+    password = minio["environment"]["MINIO_ROOT_PASSWORD"]
+
+    bucket_job = services["create-bucket"]
+    assert bucket_job["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert "healthcheck" in minio
+
+    daemon = services["tiered"]
+    assert daemon["depends_on"]["create-bucket"]["condition"] == (
+        "service_completed_successfully"
+    )
+    assert daemon["environment"]["AWS_ACCESS_KEY_ID"] == user
+    assert daemon["environment"]["AWS_SECRET_ACCESS_KEY"] == password
+    config_rel = re.search(r"--config (\S+)", daemon["command"]).group(1)  # type: ignore[union-attr]
+    config_file = ROOT / config_rel
+    assert config_file.is_file(), config_rel
+
+    # the daemon's config points at the MinIO service and the bucket the job creates
+    from tiered.config import load_config
+
+    config = load_config(config_file)
+    assert config.storage.endpoint_url == "http://minio:9000"
+    bucket = config.storage.url.removeprefix("s3://").split("/")[0]
+    assert f"local/{bucket}" in bucket_job["entrypoint"]
+    assert "http://minio:9000" in bucket_job["entrypoint"]
+    # the log dir the daemon reads is the one the compose file mounts
+    mounts = {v.split(":")[1] for v in daemon["volumes"] if ":" in v}
+    assert {str(d) for d in config.log_dirs} <= mounts
+    assert str(config.cache_dir) in mounts
+
+
+def test_cli_help_and_version() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tiered.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for command in ("config", "log"):
+        assert command in out
+    version = subprocess.run(
+        [sys.executable, "-m", "tiered.cli", "--version"], capture_output=True, text=True
+    )
+    assert version.returncode == 0 and "tiered" in version.stdout

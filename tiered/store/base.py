@@ -1,0 +1,129 @@
+"""The object-store interface every backend implements.
+
+Small on purpose (put, get, head, list, delete-many, conditional put): the archiver, the read
+cache, manifests and Spark executors all talk to the bucket through it, and the contract test
+suite runs against every backend registered in `tiered.store`.
+
+Keys are '/'-separated strings relative to the store's root (the `s3://bucket/prefix` or
+`file:///path` of the configuration); backends add the prefix themselves.
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What `head` and `list` tell about one object."""
+
+    key: str
+    size: int
+    #: opaque version token: the S3 ETag (quotes stripped), or the file backend's equivalent.
+    #: Pass it back as `if_match` to replace exactly this version.
+    etag: str
+    #: seconds since the epoch
+    last_modified: float
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Everything needed to open a store, and nothing that cannot be pickled: Spark executors
+    receive this and build their own client (`tiered.store.open_store`)."""
+
+    #: `s3://bucket[/prefix]` or `file:///absolute/path`
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    #: explicit credentials; None means the standard AWS chain (env, profile, instance metadata)
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    #: `cloud_storage_max_connections`: HTTP connection pool size
+    max_connections: int = 20
+    #: `cloud_storage_initial_backoff_ms`: first retry delay; grows exponentially with jitter
+    initial_backoff_ms: int = 100
+    #: attempts in all (first try included) for retryable faults
+    max_attempts: int = 6
+    #: ceiling of one backoff sleep, milliseconds
+    max_backoff_ms: int = 10_000
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    #: objects at or above this size are uploaded by multipart upload
+    multipart_threshold: int = 64 * 1024 * 1024
+    multipart_chunksize: int = 16 * 1024 * 1024
+    #: documented single-writer opt-out: skip the conditional-write probe on stores that ignore
+    #: If-Match / If-None-Match. Only safe when exactly one writer ever touches the bucket.
+    allow_unconditional_writes: bool = False
+
+
+class ObjectStore(abc.ABC):
+    """A bucket (or directory) of immutable-ish objects addressed by key."""
+
+    #: registry name, the URL scheme this backend serves (`s3`, `file`)
+    scheme: str = ""
+
+    def __init__(self, settings: StoreSettings) -> None:
+        self.settings = settings
+
+    @abc.abstractmethod
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
+        """Write `data` at `key` and return the new version token (ETag).
+
+        `if_none_match=True` creates only if absent; `if_match=etag` replaces only that version.
+        Either raises `PreconditionFailed` when the condition does not hold. Objects at or above
+        `multipart_threshold` go up by multipart upload (unconditional puts only).
+        """
+
+    @abc.abstractmethod
+    def put_file(self, key: str, path: Path | str) -> str:
+        """Upload a local file (multipart above the threshold, streamed, never read whole into
+        memory) and return its ETag."""
+
+    @abc.abstractmethod
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        """Read an object, or the bytes `[begin_inclusive, end_exclusive)` of it.
+
+        Raises `ObjectNotFound`. A range past the end returns what exists (possibly b"")."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo:
+        """Size, ETag and mtime of `key`; raises `ObjectNotFound`."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix`, in key order, paginating as needed."""
+
+    @abc.abstractmethod
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        """Delete keys (batches of at most 1000 per request); missing keys are not errors.
+
+        Returns the keys that could not be deleted (empty on full success)."""
+
+    def exists(self, key: str) -> bool:
+        from tiered.store.errors import ObjectNotFound
+
+        try:
+            self.head(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; the store must not be used afterwards."""
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

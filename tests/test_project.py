@@ -75,7 +75,7 @@ def test_docker_compose_dev_stack_is_consistent() -> None:
     )
     assert daemon["environment"]["AWS_ACCESS_KEY_ID"] == user
     assert daemon["environment"]["AWS_SECRET_ACCESS_KEY"] == password
-    config_rel = re.search(r"--config (\S+)", daemon["command"]).group(1)  # type: ignore[union-attr]
+    config_rel = re.search(r"--config ([^\s\"]+)", daemon["command"]).group(1)  # type: ignore[union-attr]
     config_file = ROOT / config_rel
     assert config_file.is_file(), config_rel
 
@@ -103,3 +103,13 @@ def test_cli_help_and_version() -> None:
         [sys.executable, "-m", "tiered.cli", "--version"], capture_output=True, text=True
     )
     assert version.returncode == 0 and "tiered" in version.stdout
+
+
+def test_docker_compose_daemon_config_passes_config_check() -> None:
+    from click.testing import CliRunner
+
+    from tiered.cli import cli
+
+    result = CliRunner().invoke(cli, ["config", "check", "--config", "examples/minio.toml"])
+    assert result.exit_code == 0, result.output
+    assert "s3://tiered" in result.output

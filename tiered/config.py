@@ -1,0 +1,549 @@
+"""Loading and validating tiered's one TOML configuration file.
+
+    [storage]   url (required), endpoint_url, region, access_key, secret_key
+    [log]       dirs, retention ("enforce" | "advise")
+    [cache]     dir
+    [cluster]   cluster properties by their flat names (tiered.properties)
+    [topics."name"]  topic overrides by their dotted names
+
+Validation collects every problem before it reports, so one `tiered config check` run shows all
+of them; each problem names the file, the section and the key. Relative paths resolve against the
+file's directory. Credentials are wrapped in `Secret` and masked in `effective()` and `repr()`.
+Documented in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+from tiered.errors import ConfigError, TieredError
+from tiered.properties import (
+    CLUSTER,
+    MASK,
+    REGISTRY,
+    TOPIC_PROPERTIES,
+    Scope,
+    Secret,
+    Value,
+    cluster_rule_problems,
+    lookup,
+    parse_table,
+    resolve_topic,
+)
+from tiered.units import describe
+
+if TYPE_CHECKING:
+    from tiered.store.base import StoreSettings
+
+__all__ = [
+    "LOG_RETENTION_MODES",
+    "Config",
+    "StorageConfig",
+    "TopicConfig",
+    "check_config",
+    "check_topic_name",
+    "default_config",
+    "load_config",
+    "parse_config",
+]
+
+#: [log] retention: who deletes local segments once they are safely uploaded
+LOG_RETENTION_MODES: dict[str, str] = {
+    "enforce": "tiered deletes local segments past retention.local.target.* itself",
+    "advise": "tiered only reports what local retention could delete; the broker deletes",
+}
+
+#: keys of the fixed sections; [cluster] and [topics."…"] take the registry's properties
+SECTION_KEYS: dict[str, tuple[str, ...]] = {
+    "storage": ("url", "endpoint_url", "region", "access_key", "secret_key"),
+    "log": ("dirs", "retention"),
+    "cache": ("dir",),
+    "cluster": (),
+    "topics": (),
+}
+
+#: [storage] key -> the cluster property that may give it instead
+_STORAGE_ALTERNATIVES = {
+    "region": "cloud_storage_region",
+    "access_key": "cloud_storage_access_key",
+    "secret_key": "cloud_storage_secret_key",
+    "endpoint_url": "cloud_storage_api_endpoint",
+}
+
+_TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
+_TOPIC_NAME_MAX = 249
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FrozenMap(Mapping[K, V]):
+    """A read-only dict that pickles (Spark ships configs to executors), unlike
+    `types.MappingProxyType`."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[K, V] | None = None) -> None:
+        self._data: dict[K, V] = dict(data or {})
+
+    def __getitem__(self, key: K) -> V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+def check_topic_name(name: str) -> str | None:
+    """Why `name` is not a legal Kafka topic name, or None when it is. Kafka's rule (1-249 of
+    ``[a-zA-Z0-9._-]``, not ``.`` or ``..``) also keeps names safe as path and key parts."""
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name {name!r} is not allowed"
+    if len(name) > _TOPIC_NAME_MAX:
+        return f"topic name is {len(name)} characters long; at most {_TOPIC_NAME_MAX} allowed"
+    if not _TOPIC_NAME_RE.match(name):
+        return f"topic name {name!r} may only contain ASCII letters, digits, '.', '_' and '-'"
+    return None
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Where the bucket is and how to reach it; credentials None mean the AWS chain."""
+
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key: Secret | None = field(default=None, repr=False)
+    secret_key: Secret | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """A topic's effective settings: its override if set, else the cluster default.
+
+    Retention values of None mean "no limit" (Kafka's -1, or an unset cluster default)."""
+
+    topic: str
+    retention_ms: int | None
+    retention_bytes: int | None
+    retention_local_target_ms: int | None
+    retention_local_target_bytes: int | None
+    remote_write: bool
+    remote_read: bool
+    remote_delete: bool
+    remote_recovery: bool
+    segment_bytes: int
+    segment_ms: int
+    cleanup_policy: str
+    index_interval_bytes: int
+    #: adjacent segment merging: merged segments grow up to this (cluster target or segment.bytes)
+    merge_target_bytes: int
+    #: segments below this are merge candidates (cluster min, or half of segment.bytes)
+    merge_min_bytes: int
+    #: dotted names this topic sets itself (aliases resolved)
+    overrides: frozenset[str] = frozenset()
+
+    @property
+    def local_retention_explicit(self) -> bool:
+        """Whether local retention is the topic's own (space-management phase 4) rather than
+        the cluster default (phase 3), in seed 000's terms."""
+        return bool(self.overrides & {"retention.local.target.ms", "retention.local.target.bytes"})
+
+    @property
+    def remote_retention_applies(self) -> bool:
+        """Seed 001: with cleanup.policy=compact alone, retention deletes nothing remotely."""
+        return "delete" in self.cleanup_policy.split(",")
+
+
+#: topic property -> TopicConfig field
+TOPIC_FIELDS: dict[str, str] = {
+    name: name.removeprefix("redpanda.").replace(".", "_") for name in TOPIC_PROPERTIES
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated configuration. `cluster` holds every cluster property (defaults filled in);
+    `topics` only what each topic section set, by canonical dotted name."""
+
+    source: str
+    storage: StorageConfig
+    log_dirs: tuple[Path, ...]
+    log_retention_mode: str
+    cache_dir: Path
+    cluster: Mapping[str, Value]
+    topics: Mapping[str, Mapping[str, Value]]
+
+    def topic_config(self, topic: str) -> TopicConfig:
+        """Effective settings of `topic` (configured or not); ConfigError for an illegal name."""
+        problem = check_topic_name(topic)
+        if problem is not None:
+            raise ConfigError(problem)
+        overrides = self.topics.get(topic, {})
+        values = resolve_topic(self.cluster, overrides)
+        kwargs: dict[str, Any] = {TOPIC_FIELDS[name]: value for name, value in values.items()}
+        segment_bytes = int(values["segment.bytes"] or 0)
+        target = self.cluster["cloud_storage_segment_size_target"]
+        minimum = self.cluster["cloud_storage_segment_size_min"]
+        return TopicConfig(
+            topic=topic,
+            merge_target_bytes=int(target) if target is not None else segment_bytes,
+            merge_min_bytes=int(minimum) if minimum is not None else segment_bytes // 2,
+            overrides=frozenset(overrides),
+            **kwargs,
+        )
+
+    def local_capacity_percent(self) -> float:
+        """Target share of the disk for local log data: retention_local_target_capacity_percent,
+        or by default what the cache and the reservation leave (seed 001)."""
+        explicit = self.cluster["retention_local_target_capacity_percent"]
+        if explicit is not None:
+            return float(explicit)
+        cache = float(self.cluster["cloud_storage_cache_size_percent"] or 0)
+        reserved = float(self.cluster["disk_reservation_percent"] or 0)
+        return max(0.0, 100.0 - cache - reserved)
+
+    def store_settings(self) -> StoreSettings:
+        """What `tiered.store.open_store` needs, mapped from the cluster properties."""
+        from tiered.store.base import StoreSettings
+
+        c = self.cluster
+        return StoreSettings(
+            url=self.storage.url,
+            endpoint_url=self.storage.endpoint_url,
+            region=self.storage.region,
+            access_key=_plain(self.storage.access_key),
+            secret_key=_plain(self.storage.secret_key),
+            max_connections=int(c["cloud_storage_max_connections"] or 1),
+            initial_backoff_ms=int(c["cloud_storage_initial_backoff_ms"] or 1),
+            read_timeout_s=int(c["cloud_storage_segment_upload_timeout_ms"] or 1) / 1000,
+            allow_unconditional_writes=bool(c["cloud_storage_allow_unconditional_writes"]),
+        )
+
+    def effective(self, mask_secrets: bool = True) -> dict[str, Any]:
+        """Everything resolved, as JSON-ready plain values: unlimited shows as -1, secrets as
+        MASK unless `mask_secrets` is False. Topics show their effective values."""
+
+        def secret(value: str | None) -> str | None:
+            return None if value is None else MASK if mask_secrets else str(value)
+
+        s = self.storage
+        return {
+            "source": self.source,
+            "storage": {
+                "url": s.url,
+                "endpoint_url": s.endpoint_url,
+                "region": s.region,
+                "access_key": secret(s.access_key),
+                "secret_key": secret(s.secret_key),
+            },
+            "log": {"dirs": [str(p) for p in self.log_dirs], "retention": self.log_retention_mode},
+            "cache": {"dir": str(self.cache_dir)},
+            "cluster": {
+                p.name: _render(p.name, "cluster", self.cluster[p.name], mask_secrets)
+                for p in CLUSTER
+            },
+            "topics": {
+                topic: {
+                    name: _render(name, "topic", value, mask_secrets)
+                    for name, value in resolve_topic(self.cluster, overrides).items()
+                }
+                for topic, overrides in self.topics.items()
+            },
+        }
+
+
+def _plain(value: str | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _render(name: str, scope: Scope, value: Value, mask: bool) -> Value:
+    prop = REGISTRY[scope][name]
+    if value is None:
+        return -1 if prop.unlimited else None
+    if prop.secret:
+        return MASK if mask else str(value)
+    return value
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+class _Problems:
+    """Collects problems, each prefixed with the file and the place in it."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(f"{self.source}: {where}: {message}")
+
+
+def _quote_topic(name: str) -> str:
+    escaped = name.replace("\\", "\\\\").replace('"', '\\"')
+    return f'[topics."{escaped}"]'
+
+
+def _section(data: Mapping[str, Any], name: str, problems: _Problems) -> dict[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        problems.add(f"[{name}]", f"must be a table (a [{name}] section), got {describe(table)}")
+        return {}
+    for key in table:
+        if name in ("storage", "log", "cache") and key not in SECTION_KEYS[name]:
+            problems.add(f"[{name}] {key}", _unknown_section_key(name, key))
+    return table
+
+
+def _unknown_section_key(section: str, key: str) -> str:
+    if lookup("cluster", key):
+        return "unknown key; cluster properties go under [cluster]"
+    close = suggest_from(key, SECTION_KEYS[section])
+    allowed = ", ".join(SECTION_KEYS[section])
+    return f"unknown key (did you mean {close}?)" if close else f"unknown key; expected {allowed}"
+
+
+def suggest_from(key: str, candidates: tuple[str, ...] | list[str]) -> str | None:
+    """The closest of `candidates` to a misspelt `key`, for "did you mean"."""
+    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _string(table: Mapping[str, Any], section: str, key: str, problems: _Problems) -> str | None:
+    raw = table.get(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip():
+        got = "an empty string" if isinstance(raw, str) else describe(raw)
+        if key.endswith("_key") and not isinstance(raw, str):
+            got = f"{describe(raw).split()[0]} (value hidden)"  # credentials are never echoed
+        problems.add(f"[{section}] {key}", f"expected a non-empty string, got {got}")
+        return None
+    return raw
+
+
+def _path(text: str, base_dir: Path) -> Path:
+    path = Path(os.path.expanduser(text))
+    return Path(os.path.normpath(path if path.is_absolute() else base_dir / path))
+
+
+def _endpoint_problem(url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"expected an http:// or https:// URL, got {url!r}"
+    return None
+
+
+def _parse_storage(
+    table: Mapping[str, Any], cluster: Mapping[str, Value], problems: _Problems
+) -> StorageConfig:
+    url = _string(table, "storage", "url", problems)
+    if url is None and "url" not in table:
+        problems.add(
+            "[storage] url", "required: the bucket, e.g. 's3://bucket/prefix' or 'file:///path'"
+        )
+    elif url is not None:
+        from tiered.store import parse_store_url  # lazily: the store package imports boto3
+
+        try:
+            parse_store_url(url)
+        except (TieredError, ValueError) as exc:
+            problems.add("[storage] url", str(exc))
+    values: dict[str, str | None] = {}
+    for key, alternative in _STORAGE_ALTERNATIVES.items():
+        mine = _string(table, "storage", key, problems)
+        theirs = cluster[alternative]
+        if isinstance(theirs, str) and key == "endpoint_url" and "://" not in theirs:
+            scheme = "http" if cluster["cloud_storage_disable_tls"] else "https"
+            theirs = f"{scheme}://{theirs}:{cluster['cloud_storage_api_endpoint_port']}"
+        if mine is not None and theirs is not None and str(mine) != str(theirs):
+            problems.add(f"[storage] {key}", f"conflicts with [cluster] {alternative}; set one")
+        values[key] = mine if mine is not None else (str(theirs) if theirs is not None else None)
+    endpoint = values["endpoint_url"]
+    if endpoint is not None and (problem := _endpoint_problem(endpoint)) is not None:
+        came_from = (
+            "[storage] endpoint_url"
+            if "endpoint_url" in table
+            else ("[cluster] cloud_storage_api_endpoint")
+        )
+        problems.add(came_from, problem)
+    access, secret = values["access_key"], values["secret_key"]
+    if (access is None) != (secret is None):
+        missing = "secret_key" if secret is None else "access_key"
+        problems.add(
+            f"[storage] {missing}",
+            "required with the other half of the key pair; set both, or neither to use the "
+            "standard AWS credential chain",
+        )
+    return StorageConfig(
+        url=url or "",
+        endpoint_url=endpoint,
+        region=values["region"],
+        access_key=Secret(access) if access is not None else None,
+        secret_key=Secret(secret) if secret is not None else None,
+    )
+
+
+def _parse_log_dirs(table: Mapping[str, Any], base: Path, problems: _Problems) -> tuple[Path, ...]:
+    raw = table.get("dirs", [])
+    if isinstance(raw, str):  # Kafka's log.dirs is one comma-separated string
+        raw = [part.strip() for part in raw.split(",")]
+    if not isinstance(raw, list) or not all(isinstance(d, str) and d.strip() for d in raw):
+        problems.add("[log] dirs", f"expected a list of directory paths, got {describe(raw)}")
+        return ()
+    dirs = [_path(d, base) for d in raw]
+    for i, path in enumerate(dirs):
+        if path in dirs[:i]:
+            problems.add("[log] dirs", f"{str(path)!r} is listed twice")
+    return tuple(dict.fromkeys(dirs))
+
+
+def _default_cache_dir(url: str) -> Path:
+    """$XDG_CACHE_HOME/tiered/<hash of the bucket URL>: per bucket, because cached chunks are
+    keyed by object key and two buckets may hold the same keys."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "tiered" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None = None) -> Config:
+    """Validate parsed TOML `data` (from file `source`, named in every problem) into a Config.
+
+    Relative paths resolve against `base_dir` (default: the working directory). Raises one
+    ConfigError listing every problem found."""
+    problems = _Problems(source)
+    base = (base_dir or Path.cwd()).absolute()
+    for key, value in data.items():
+        if key in SECTION_KEYS:
+            continue
+        if isinstance(value, dict):
+            close = suggest_from(key, list(SECTION_KEYS))
+            hint = f" (did you mean [{close}]?)" if close else ""
+            problems.add(
+                f"[{key}]",
+                f"unknown section{hint}; sections: " + ", ".join(f"[{s}]" for s in SECTION_KEYS),
+            )
+            continue
+        home = next((s for s, keys in SECTION_KEYS.items() if key in keys), None)
+        if home is None and lookup("cluster", key):
+            home = "cluster"
+        hint = f" (did you mean [{home}] {key}?)" if home else ""
+        problems.add(key, f"unknown top-level key; settings belong in a section{hint}")
+
+    parsed = parse_table("cluster", _section(data, "cluster", problems))
+    cluster: dict[str, Value] = {p.name: p.default for p in CLUSTER} | parsed.values
+    for key, message in parsed.problems + cluster_rule_problems(cluster, parsed.failed):
+        problems.add(f"[cluster] {key}", message)
+
+    storage = _parse_storage(_section(data, "storage", problems), cluster, problems)
+
+    log_table = _section(data, "log", problems)
+    log_dirs = _parse_log_dirs(log_table, base, problems)
+    mode = log_table.get("retention", "advise")
+    if not isinstance(mode, str) or mode not in LOG_RETENTION_MODES:
+        problems.add("[log] retention", f"expected 'enforce' or 'advise', got {describe(mode)}")
+
+    cache_dir_text = _string(_section(data, "cache", problems), "cache", "dir", problems)
+    cache_dir = _path(cache_dir_text, base) if cache_dir_text else _default_cache_dir(storage.url)
+
+    topics: dict[str, FrozenMap[str, Value]] = {}
+    topics_table = _section(data, "topics", problems)
+    for name, table in topics_table.items():
+        where = _quote_topic(name)
+        if (problem := check_topic_name(name)) is not None:
+            problems.add(where, problem)
+        if not isinstance(table, dict):
+            problems.add(where, f"expected a table of topic properties, got {describe(table)}")
+            continue
+        parsed = parse_table("topic", table)
+        for key, message in parsed.problems:
+            problems.add(f"{where} {key}", message)
+        topics[name] = FrozenMap(parsed.values)
+
+    if problems.items:
+        count = len(problems.items)
+        message = (
+            problems.items[0]
+            if count == 1
+            else (f"{source}: {count} configuration problems:\n  " + "\n  ".join(problems.items))
+        )
+        raise ConfigError(message, problems.items)
+    return Config(
+        source=source,
+        storage=storage,
+        log_dirs=log_dirs,
+        log_retention_mode=str(mode),
+        cache_dir=cache_dir,
+        cluster=FrozenMap(cluster),
+        topics=FrozenMap(topics),
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read, parse and validate the TOML file at `path`; ConfigError names every problem."""
+    source = str(path)
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: is a directory, not a configuration file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{source}: not a TOML file: byte {exc.start} is not UTF-8 text"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    return parse_config(data, source=source, base_dir=file.absolute().parent)
+
+
+def check_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, list[str]]:
+    """For `tiered config check`: (effective config with secrets masked, []) when the file is
+    valid, else (None, every problem)."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        return None, list(exc.problems)
+    return config.effective(mask_secrets=True), []
+
+
+def default_config(base_dir: Path) -> Config:
+    """The embedded configuration `tiered demo` runs with: a `file://` bucket in
+    base_dir/bucket, the log in base_dir/log, the cache in base_dir/cache. Local retention is
+    enforced, since the demo owns its log directory."""
+    base = Path(base_dir).absolute()
+    data = {
+        "storage": {"url": (base / "bucket").as_uri()},
+        "log": {"dirs": [str(base / "log")], "retention": "enforce"},
+        "cache": {"dir": str(base / "cache")},
+    }
+    return parse_config(data, source="<default config>", base_dir=base)
+
+
+# every TopicConfig field but the derived ones is a topic property: keep the two in step
+_DERIVED = {"topic", "merge_target_bytes", "merge_min_bytes", "overrides"}
+if {f.name for f in fields(TopicConfig)} - _DERIVED != set(TOPIC_FIELDS.values()):
+    raise RuntimeError("TopicConfig fields and tiered.properties.TOPIC are out of step")

@@ -52,7 +52,7 @@ class CorruptSegmentError(TieredError):
         """The same error re-anchored in a file: used when a buffer-level parse knows only
         positions relative to the buffer it was given."""
         pos = None if self.position is None else self.position + base_position
-        return CorruptSegmentError(self.reason, path=path or self.path, position=pos)
+        return type(self)(self.reason, path=path or self.path, position=pos)
 
 
 class OffsetOutOfRange(TieredError):

@@ -1,0 +1,308 @@
+"""Read-only view of a broker's log dirs: which partitions exist, their segments and state.
+
+Each log dir (`log.dirs`) holds one directory per partition, named `{topic}-{partition}`; the
+partition number is after the *last* `-`, since topic names may contain `-` and `.`. Beside
+them sit Kafka's own files (checkpoints, `meta.properties`, `.lock`) and directories that are
+not live partitions:
+
+- `{topic}-{partition}.{uniqueId}-delete`: a deleted partition waiting for async removal;
+- `{topic}-{partition}.{uniqueId}-future`: a replica being moved between log dirs
+  (`alter-replica-log-dirs`), not yet the partition's log;
+- `{topic}-{partition}.{uniqueId}-stray`: a KRaft replica the broker no longer hosts.
+
+Those, and anything else that does not parse, are skipped with a log line, never a crash: one
+odd directory must not stop the service for every other partition. Problems with one
+partition's state files are recorded on its `PartitionLog.problems` for the same reason.
+
+A scan is a snapshot; `LocalLog.scan()` refreshes it while the broker keeps writing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tiered.checkpoints import (
+    LEADER_EPOCH_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    PARTITION_METADATA,
+    RECOVERY_POINT_OFFSET_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    CheckpointError,
+    EpochEntry,
+    InvalidTopicPartition,
+    TopicPartition,
+    read_leader_epoch_checkpoint,
+    read_offset_checkpoint,
+    read_partition_metadata,
+)
+from tiered.errors import TieredError
+from tiered.segment import Segment, parse_segment_file_name
+
+__all__ = ["LocalLog", "PartitionLog", "ScanResult", "TopicPartition"]
+
+log = logging.getLogger(__name__)
+
+#: suffixes of partition directories that are not the partition's live log, and why
+SKIPPED_DIR_SUFFIXES: dict[str, str] = {
+    "-delete": "scheduled for deletion",
+    "-future": "a future replica being moved between log dirs",
+    "-stray": "a stray replica the broker no longer hosts",
+}
+#: files Kafka keeps at the top of a log dir (not partitions, not worth a log line)
+KNOWN_LOG_DIR_FILES = frozenset({
+    REPLICATION_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    "cleaner-offset-checkpoint",
+    "meta.properties",
+    "bootstrap.checkpoint",
+    ".lock",
+    ".kafka_cleanshutdown",
+})
+
+
+@dataclass(frozen=True)
+class PartitionLog:
+    """One partition's local log as found by a scan (a snapshot: re-scan to refresh)."""
+
+    tp: TopicPartition
+    dir: Path
+    #: sorted by base offset; the last one is the active segment (`active=True`)
+    segments: tuple[Segment, ...]
+    #: from the log dir's replication-offset-checkpoint; None if absent or unreadable
+    high_watermark: int | None = None
+    #: (epoch, start offset) from leader-epoch-checkpoint, oldest first
+    leader_epochs: tuple[EpochEntry, ...] = ()
+    #: Kafka topic id from partition.metadata, None if absent or unreadable
+    topic_id: uuid.UUID | None = None
+    #: from the log dir's log-start-offset-checkpoint and recovery-point-offset-checkpoint
+    checkpointed_log_start_offset: int | None = None
+    recovery_point: int | None = None
+    #: state files that could not be read, one message each
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def topic(self) -> str:
+        return self.tp.topic
+
+    @property
+    def partition(self) -> int:
+        return self.tp.partition
+
+    @property
+    def active_segment(self) -> Segment | None:
+        return self.segments[-1] if self.segments else None
+
+    @property
+    def closed_segments(self) -> tuple[Segment, ...]:
+        """Every segment but the active one: immutable, the only ones eligible for upload."""
+        return self.segments[:-1]
+
+    @property
+    def log_start_offset(self) -> int | None:
+        """First offset still in the log: the checkpointed start offset (which retention and
+        DeleteRecords move) or the first segment's base offset, whichever is larger."""
+        if not self.segments:
+            return self.checkpointed_log_start_offset
+        base = self.segments[0].base_offset
+        checkpointed = self.checkpointed_log_start_offset
+        return base if checkpointed is None else max(base, checkpointed)
+
+    def log_end_offset(self) -> int | None:
+        """Offset the next appended record will get (reads the active segment's tail)."""
+        active = self.active_segment
+        return None if active is None else active.next_offset()
+
+    def epoch_for_offset(self, offset: int) -> int | None:
+        """Leader epoch that wrote `offset` (Kafka's LeaderEpochFileCache.epochForOffset):
+        the entry starting exactly there, else the last one starting before; None if
+        `offset` precedes every entry."""
+        starts = [e.start_offset for e in self.leader_epochs]
+        exact = bisect.bisect_left(starts, offset)
+        if exact < len(starts) and starts[exact] == offset:
+            return self.leader_epochs[exact].epoch
+        slot = bisect.bisect_right(starts, offset) - 1
+        return self.leader_epochs[slot].epoch if slot >= 0 else None
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """What changed between two scans."""
+
+    added: tuple[TopicPartition, ...]
+    removed: tuple[TopicPartition, ...]
+    #: partitions whose set of segments changed (rolled, deleted by retention)
+    changed: tuple[TopicPartition, ...]
+
+
+@dataclass
+class _DirCheckpoints:
+    high_watermarks: dict[TopicPartition, int] | None
+    log_start_offsets: dict[TopicPartition, int]
+    recovery_points: dict[TopicPartition, int]
+    problems: list[str]
+
+
+class LocalLog:
+    """Every partition in a set of Kafka log dirs; `scan()` refreshes the snapshot."""
+
+    def __init__(self, log_dirs: Sequence[str | os.PathLike[str]]) -> None:
+        if isinstance(log_dirs, (str, os.PathLike)):
+            raise TypeError("log_dirs is a sequence of directories, not one path")
+        self.log_dirs = tuple(Path(d) for d in log_dirs)
+        self.partitions: dict[TopicPartition, PartitionLog] = {}
+        self.scan()
+
+    def __iter__(self) -> Iterator[PartitionLog]:
+        return iter(sorted(self.partitions.values(), key=lambda p: p.tp))
+
+    def __len__(self) -> int:
+        return len(self.partitions)
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self.partitions
+
+    def partition(self, tp: TopicPartition) -> PartitionLog:
+        try:
+            return self.partitions[tp]
+        except KeyError:
+            raise TieredError(f"partition {tp} is not in log dirs "
+                              f"{', '.join(map(str, self.log_dirs))}") from None
+
+    def scan(self) -> ScanResult:
+        """Re-read every log dir; returns which partitions appeared, vanished or changed."""
+        found: dict[TopicPartition, PartitionLog] = {}
+        duplicates: set[TopicPartition] = set()
+        for log_dir in self.log_dirs:
+            for part in _scan_log_dir(log_dir):
+                if part.tp in found:
+                    log.error("partition %s is in two log dirs (%s and %s); skipping it",
+                              part.tp, found[part.tp].dir, part.dir)
+                    duplicates.add(part.tp)
+                else:
+                    found[part.tp] = part
+        for tp in duplicates:
+            del found[tp]
+        old = self.partitions
+        self.partitions = found
+        return ScanResult(
+            added=tuple(sorted(tp for tp in found if tp not in old)),
+            removed=tuple(sorted(tp for tp in old if tp not in found)),
+            changed=tuple(sorted(
+                tp for tp in found
+                if tp in old and _segment_files(old[tp]) != _segment_files(found[tp])
+            )),
+        )
+
+
+def _segment_files(part: PartitionLog) -> list[int]:
+    return [s.base_offset for s in part.segments]
+
+
+def _read_dir_checkpoints(log_dir: Path) -> _DirCheckpoints:
+    problems: list[str] = []
+
+    def read(name: str) -> dict[TopicPartition, int] | None:
+        path = log_dir / name
+        try:
+            return read_offset_checkpoint(path)
+        except FileNotFoundError:
+            return {}
+        except (CheckpointError, OSError) as err:
+            log.error("%s; treating its offsets as unknown", err)
+            problems.append(str(err))
+            return None
+
+    return _DirCheckpoints(
+        high_watermarks=read(REPLICATION_OFFSET_CHECKPOINT),
+        log_start_offsets=read(LOG_START_OFFSET_CHECKPOINT) or {},
+        recovery_points=read(RECOVERY_POINT_OFFSET_CHECKPOINT) or {},
+        problems=problems,
+    )
+
+
+def _scan_log_dir(log_dir: Path) -> Iterator[PartitionLog]:
+    try:
+        entries = sorted(os.scandir(log_dir), key=lambda e: e.name)
+    except OSError as err:
+        log.error("log dir %s is unreadable (%s); skipping it", log_dir, err)
+        return
+    checkpoints = _read_dir_checkpoints(log_dir)
+    for entry in entries:
+        name = entry.name
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            if name not in KNOWN_LOG_DIR_FILES and not name.endswith(".tmp"):
+                log.info("%s: not a partition directory; skipping", entry.path)
+            continue
+        reason = next((why for suffix, why in SKIPPED_DIR_SUFFIXES.items()
+                       if name.endswith(suffix)), None)
+        if reason is not None:
+            log.info("%s: %s; skipping", entry.path, reason)
+            continue
+        try:
+            tp = TopicPartition.parse(name)
+        except InvalidTopicPartition as err:
+            log.warning("%s: not a partition directory (%s); skipping", entry.path, err)
+            continue
+        yield _load_partition(tp, Path(entry.path), checkpoints)
+
+
+def _load_partition(tp: TopicPartition, directory: Path, dir_state: _DirCheckpoints
+                    ) -> PartitionLog:
+    problems = list(dir_state.problems)
+    bases: list[int] = []
+    try:
+        names = os.listdir(directory)
+    except OSError as err:
+        problems.append(f"{directory}: unreadable: {err}")
+        names = []
+    for name in names:
+        base = parse_segment_file_name(name)
+        if base is not None:
+            bases.append(base)
+    bases.sort()
+    segments = tuple(
+        Segment.in_dir(directory, base, active=(i == len(bases) - 1))
+        for i, base in enumerate(bases)
+    )
+
+    epochs: tuple[EpochEntry, ...] = ()
+    try:
+        epochs = tuple(read_leader_epoch_checkpoint(directory / LEADER_EPOCH_CHECKPOINT))
+    except FileNotFoundError:
+        pass
+    except (CheckpointError, OSError) as err:
+        log.error("%s", err)
+        problems.append(str(err))
+
+    topic_id = None
+    try:
+        topic_id = read_partition_metadata(directory / PARTITION_METADATA)
+    except FileNotFoundError:
+        pass
+    except (CheckpointError, OSError) as err:
+        log.error("%s", err)
+        problems.append(str(err))
+
+    hws = dir_state.high_watermarks
+    return PartitionLog(
+        tp=tp,
+        dir=directory,
+        segments=segments,
+        high_watermark=None if hws is None else hws.get(tp),
+        leader_epochs=epochs,
+        topic_id=topic_id,
+        checkpointed_log_start_offset=dir_state.log_start_offsets.get(tp),
+        recovery_point=dir_state.recovery_points.get(tp),
+        problems=tuple(problems),
+    )

@@ -15,6 +15,7 @@ import builtins
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class ObjectStore(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store must not be used afterwards."""
 
-    def __enter__(self) -> ObjectStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

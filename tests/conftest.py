@@ -1,0 +1,135 @@
+"""Shared fixtures.
+
+Object stores: one moto S3 server over real HTTP on 127.0.0.1 for the whole session (boto3
+talks to it exactly as to AWS), a fresh bucket per test, and `store`, parametrised over every
+backend, for the contract suite.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from faultproxy import FaultProxy
+
+from tiered.store import STORES, FileStore, ObjectStore, S3Store, StoreSettings
+
+#: small enough that a test file of a few parts exercises multipart; S3's minimum part size
+TEST_MULTIPART_THRESHOLD = 5 * 1024 * 1024
+
+_FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    # never read the developer's own profile or credentials
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+
+
+def no_sleep(seconds: float) -> None:
+    """Retry backoff that does not wait: fault tests count attempts, not seconds."""
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """URL of a moto S3 server on 127.0.0.1 (ephemeral port), shared by the session."""
+    from moto.server import ThreadedMotoServer
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in _FAKE_AWS_ENV.items():
+            mp.setenv(name, value)
+        mp.delenv("AWS_PROFILE", raising=False)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        try:
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint: str) -> Iterator[str]:
+    """A new, empty bucket; moto's state is wiped afterwards so memory does not grow."""
+    name = f"tiered-test-{uuid.uuid4().hex[:16]}"
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=name)
+    client.close()
+    yield name
+    reset = urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(reset, timeout=30):
+        pass
+
+
+def s3_settings(endpoint: str, bucket: str, prefix: str = "pfx", **overrides: Any) -> StoreSettings:
+    """Settings for the test bucket: explicit fake credentials, a small multipart threshold."""
+    fields: dict[str, Any] = {
+        "url": f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}",
+        "endpoint_url": endpoint,
+        "region": "us-east-1",
+        "access_key": "testing",
+        "secret_key": "testing",
+        "multipart_threshold": TEST_MULTIPART_THRESHOLD,
+        "multipart_chunksize": TEST_MULTIPART_THRESHOLD,
+        "max_attempts": 4,
+        "initial_backoff_ms": 1,
+        "max_backoff_ms": 5,
+    }
+    fields.update(overrides)
+    return StoreSettings(**fields)
+
+
+@pytest.fixture
+def s3_store(moto_endpoint: str, s3_bucket: str) -> Iterator[S3Store]:
+    store = S3Store(s3_settings(moto_endpoint, s3_bucket), sleep=no_sleep)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def fault_proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of moto (see tests/faultproxy.py)."""
+    with FaultProxy(moto_endpoint) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def proxied_s3_store(fault_proxy: FaultProxy, s3_bucket: str) -> Iterator[Callable[..., S3Store]]:
+    """Factory of S3 stores that talk to moto through `fault_proxy`, with a no-op backoff
+    sleep; keyword arguments override `StoreSettings` fields."""
+    made: list[S3Store] = []
+
+    def make(**overrides: Any) -> S3Store:
+        store = S3Store(s3_settings(fault_proxy.url, s3_bucket, **overrides), sleep=no_sleep)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+@pytest.fixture
+def file_store(tmp_path: Path) -> Iterator[FileStore]:
+    settings = StoreSettings(
+        url=f"file://{tmp_path}/bucket", multipart_threshold=TEST_MULTIPART_THRESHOLD
+    )
+    store = FileStore(settings)
+    yield store
+    store.close()
+
+
+@pytest.fixture(params=sorted(STORES))
+def store(request: pytest.FixtureRequest) -> ObjectStore:
+    """Each registered backend in turn (fixture `<scheme>_store`): the contract suite runs once
+    per backend, and a new backend without a fixture fails here instead of going untested."""
+    backend: ObjectStore = request.getfixturevalue(f"{request.param}_store")
+    return backend

@@ -1,0 +1,256 @@
+"""A scriptable HTTP proxy on 127.0.0.1 that sits between boto3 and moto's S3 server.
+
+Requests are forwarded unchanged (method, path, query, Host and every signed header, body) so
+SigV4-signed requests reach moto as boto3 sent them. Tests script faults for the next N matching
+requests -- an S3 XML error with a chosen status and code, or a connection closed without an
+answer -- and read back every request the proxy saw, to count attempts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+#: fault name -> (HTTP status, S3 error code, message); `drop` closes the connection instead
+FAULTS: dict[str, tuple[int, str, str]] = {
+    "slowdown": (503, "SlowDown", "Please reduce your request rate."),
+    "internal": (500, "InternalError", "We encountered an internal error. Please try again."),
+    "denied": (403, "AccessDenied", "Access Denied"),
+    "notfound": (404, "NoSuchKey", "The specified key does not exist."),
+    "notimplemented": (501, "NotImplemented", "A header you provided is not implemented."),
+    "conflict": (409, "ConditionalRequestConflict", "A conflicting operation is in progress."),
+}
+DROP = "drop"
+
+#: headers that belong to one hop, not to the request; never forwarded
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One request as the proxy received it."""
+
+    method: str
+    path: str  # without the query
+    query: str
+    headers: dict[str, str]
+    faulted: str | None  # the fault served instead of forwarding, if any
+
+
+@dataclass
+class _Script:
+    kind: str
+    remaining: int
+    method: str | None
+    path_contains: str | None
+    query_contains: str | None
+    header: str | None
+
+    def matches(self, method: str, path: str, query: str, headers: dict[str, str]) -> bool:
+        return (
+            (self.method is None or method == self.method)
+            and (self.path_contains is None or self.path_contains in path)
+            and (self.query_contains is None or self.query_contains in query)
+            and (self.header is None or self.header.lower() in headers)
+        )
+
+
+class FaultProxy:
+    """Start with `start()` (or as a context manager); point boto3's endpoint at `url`."""
+
+    def __init__(self, upstream: str) -> None:
+        parsed = urllib.parse.urlsplit(upstream)
+        self.upstream_host = parsed.hostname or "127.0.0.1"
+        self.upstream_port = parsed.port or 80
+        self._lock = threading.Lock()
+        self._scripts: list[_Script] = []
+        self._seen: list[Seen] = []
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- scripting -------------------------------------------------------------------------
+
+    def inject(
+        self,
+        kind: str,
+        times: int = 1,
+        *,
+        method: str | None = None,
+        path_contains: str | None = None,
+        query_contains: str | None = None,
+        header: str | None = None,
+    ) -> None:
+        """Serve fault `kind` (a `FAULTS` name or `DROP`) to the next `times` requests that
+        match every given filter (method, substring of path or query, presence of a header)."""
+        if kind != DROP and kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r}; known: {sorted(FAULTS)} and {DROP!r}")
+        with self._lock:
+            self._scripts.append(
+                _Script(kind, times, method, path_contains, query_contains, header)
+            )
+
+    def seen(
+        self,
+        *,
+        method: str | None = None,
+        path_contains: str | None = None,
+        query_contains: str | None = None,
+    ) -> list[Seen]:
+        """Requests received so far (faulted ones included), optionally filtered."""
+        with self._lock:
+            return [
+                s
+                for s in self._seen
+                if (method is None or s.method == method)
+                and (path_contains is None or path_contains in s.path)
+                and (query_contains is None or query_contains in s.query)
+            ]
+
+    def reset(self) -> None:
+        with self._lock:
+            self._scripts.clear()
+            self._seen.clear()
+
+    def _take_fault(
+        self, method: str, path: str, query: str, headers: dict[str, str]
+    ) -> str | None:
+        with self._lock:
+            for script in self._scripts:
+                if script.remaining > 0 and script.matches(method, path, query, headers):
+                    script.remaining -= 1
+                    fault = script.kind
+                    break
+            else:
+                fault = None
+            self._seen.append(Seen(method, path, query, headers, fault))
+            return fault
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as botocore's pool expects
+            # headers and body go out in separate writes: without TCP_NODELAY each response
+            # would wait out the client's delayed ACK (~40 ms)
+            disable_nagle_algorithm = True
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # quiet: tests read `seen()` instead
+
+            def _read_body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    chunks: list[bytes] = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass  # trailers
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                length = int(self.headers.get("Content-Length", "0") or 0)
+                return self.rfile.read(length) if length else b""
+
+            def _handle(self) -> None:
+                body = self._read_body()
+                path, _, query = self.path.partition("?")
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                fault = proxy._take_fault(self.command, path, query, headers)
+                if fault == DROP:
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault is not None:
+                    self._send_error_xml(*FAULTS[fault], resource=path)
+                    return
+                self._forward(body)
+
+            def _send_error_xml(self, status: int, code: str, message: str, resource: str) -> None:
+                xml = (
+                    '<?xml version="1.0" encoding="UTF-8"?>\n'
+                    f"<Error><Code>{code}</Code><Message>{message}</Message>"
+                    f"<Resource>{resource}</Resource><RequestId>faultproxy</RequestId></Error>"
+                ).encode()
+                self.send_response_only(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("x-amz-request-id", "faultproxy")
+                self.send_header("Content-Length", str(len(xml)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(xml)
+
+            def _forward(self, body: bytes) -> None:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    headers = {k: v for k, v in headers.items() if k.lower() != "content-length"}
+                    headers["Content-Length"] = str(len(body))
+                conn = http.client.HTTPConnection(
+                    proxy.upstream_host, proxy.upstream_port, timeout=60
+                )
+                try:
+                    # Host is among `headers`, so http.client sends it as is: the signature
+                    # boto3 computed over it stays valid
+                    conn.request(self.command, self.path, body=body or None, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    self.send_response_only(resp.status, resp.reason)
+                    for name, value in resp.getheaders():
+                        lowered = name.lower()
+                        if lowered in _HOP_BY_HOP:
+                            continue
+                        if lowered == "content-length" and self.command != "HEAD":
+                            continue  # re-sent below for the body actually relayed
+                        self.send_header(name, value)
+                    if self.command != "HEAD":
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        self.wfile.write(data)
+                    else:
+                        self.end_headers()
+                finally:
+                    conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        return Handler

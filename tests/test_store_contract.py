@@ -1,0 +1,390 @@
+"""The object-store contract, run against every registered backend (`store` fixture), then the
+guarantees only one backend can show (file store: hostile keys, cross-process CAS, crash
+leftovers; S3: multipart ETags, prefix isolation, the credential chain)."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
+
+from tiered.store import (
+    FileStore,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+    S3Store,
+    StoreError,
+    StoreSettings,
+)
+from tiered.store.file import ETAG_DIR, LOCK_DIR, TMP_MARK
+
+# -- the contract, every backend -------------------------------------------------------------
+
+
+def test_put_get_head_round_trip(store: ObjectStore) -> None:
+    data = bytes(range(256)) * 40
+    etag = store.put("topic/0_1/00000000000000000000.log", data)
+    assert store.get("topic/0_1/00000000000000000000.log") == data
+    info = store.head("topic/0_1/00000000000000000000.log")
+    assert (info.key, info.size, info.etag) == ("topic/0_1/00000000000000000000.log", 10240, etag)
+    assert etag == hashlib.md5(data).hexdigest()  # single-part ETag: MD5 of the content
+    assert info.last_modified > 0
+    assert store.exists("topic/0_1/00000000000000000000.log")
+    assert not store.exists("topic/0_1/missing.log")
+
+
+def test_empty_object(store: ObjectStore) -> None:
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+    assert store.head("empty").size == 0
+    assert store.get("empty", (0, 10)) == b""
+
+
+def test_unconditional_put_replaces(store: ObjectStore) -> None:
+    first = store.put("k", b"one")
+    second = store.put("k", b"two!")
+    assert first != second
+    assert store.get("k") == b"two!"
+    assert store.head("k").etag == second
+
+
+def test_ranged_get(store: ObjectStore) -> None:
+    store.put("r", b"0123456789")
+    assert store.get("r", (0, 4)) == b"0123"
+    assert store.get("r", (3, 8)) == b"34567"
+    assert store.get("r", (9, 10)) == b"9"
+    assert store.get("r", (8, 100)) == b"89"  # past the end: what exists
+    assert store.get("r", (10, 20)) == b""  # starts at the end
+    assert store.get("r", (50, 60)) == b""  # starts past the end
+    assert store.get("r", (4, 4)) == b""  # empty range
+    with pytest.raises(ValueError, match="bad byte range"):
+        store.get("r", (5, 2))
+    with pytest.raises(ValueError, match="bad byte range"):
+        store.get("r", (-1, 2))
+
+
+def test_missing_key_is_object_not_found(store: ObjectStore) -> None:
+    with pytest.raises(ObjectNotFound, match="no/such/key"):
+        store.get("no/such/key")
+    with pytest.raises(ObjectNotFound, match="no/such/key"):
+        store.get("no/such/key", (0, 10))
+    with pytest.raises(ObjectNotFound, match="no/such/key"):
+        store.get("no/such/key", (3, 3))
+    with pytest.raises(ObjectNotFound, match="no/such/key"):
+        store.head("no/such/key")
+
+
+def test_prefix_of_a_key_is_not_an_object(store: ObjectStore) -> None:
+    store.put("dir/leaf", b"x")
+    with pytest.raises(ObjectNotFound):
+        store.head("dir")
+    with pytest.raises(ObjectNotFound):
+        store.get("dir")
+    # nor is anything "below" an object
+    with pytest.raises(ObjectNotFound):
+        store.head("dir/leaf/deeper")
+    with pytest.raises(ObjectNotFound):
+        store.get("dir/leaf/deeper", (0, 1))
+    assert store.delete_many(["dir", "dir/leaf/deeper"]) == []
+    assert store.get("dir/leaf") == b"x"
+
+
+def test_list_is_in_key_order_and_filters_by_prefix(store: ObjectStore) -> None:
+    # '-' (0x2d) < '/' (0x2f) < '0' (0x30): S3's byte order, not directory-walk order
+    keys = ["a/x", "a-b", "a0", "a/b/c", "b", "a/b-", "t\u00e9/\u00fc 1", "a/b/c2"]
+    for i, key in enumerate(keys):
+        store.put(key, b"v" * i)
+    listed = list(store.list())
+    assert [i.key for i in listed] == sorted(keys)
+    assert [i.size for i in listed] == [keys.index(k) for k in sorted(keys)]
+    assert {i.key: i.etag for i in listed} == {k: store.head(k).etag for k in keys}
+    assert [i.key for i in store.list("a/")] == ["a/b-", "a/b/c", "a/b/c2", "a/x"]
+    assert [i.key for i in store.list("a/b")] == ["a/b-", "a/b/c", "a/b/c2"]
+    assert [i.key for i in store.list("a/b/")] == ["a/b/c", "a/b/c2"]
+    assert [i.key for i in store.list("zzz")] == []
+
+
+def test_list_paginates_and_delete_many_batches_past_1000(store: ObjectStore) -> None:
+    keys = [f"many/{i:05d}" for i in range(1100)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: store.put(k, k.encode()), keys))
+    store.put("other/keep", b"k")
+    assert [i.key for i in store.list("many/")] == keys
+    assert len(list(store.list())) == 1101
+
+    assert store.delete_many(iter(keys)) == []  # any iterable, consumed once
+    assert list(store.list("many/")) == []
+    assert [i.key for i in store.list()] == ["other/keep"]
+
+
+def test_delete_many_ignores_missing_and_duplicate_keys(store: ObjectStore) -> None:
+    store.put("d/1", b"1")
+    store.put("d/2", b"2")
+    assert store.delete_many(["d/1", "d/1", "d/never", "d/2"]) == []
+    assert not store.exists("d/1")
+    assert not store.exists("d/2")
+    assert store.delete_many([]) == []
+
+
+def test_conditional_create(store: ObjectStore) -> None:
+    etag = store.put("m/manifest.json", b"v1", if_none_match=True)
+    with pytest.raises(PreconditionFailed, match="m/manifest.json"):
+        store.put("m/manifest.json", b"v2", if_none_match=True)
+    assert store.get("m/manifest.json") == b"v1"
+    assert store.head("m/manifest.json").etag == etag
+
+
+def test_if_match_replace(store: ObjectStore) -> None:
+    v1 = store.put("m/manifest.json", b"v1", if_none_match=True)
+    v2 = store.put("m/manifest.json", b"v2", if_match=v1)
+    assert store.get("m/manifest.json") == b"v2"
+    assert store.head("m/manifest.json").etag == v2
+    # a writer still holding v1 lost the race: nothing is written
+    with pytest.raises(PreconditionFailed, match="m/manifest.json"):
+        store.put("m/manifest.json", b"stale", if_match=v1)
+    with pytest.raises(PreconditionFailed):
+        store.put("m/manifest.json", b"wrong", if_match="0" * 32)
+    assert store.get("m/manifest.json") == b"v2"
+    # quoted ETags (as S3 prints them) are the same version token
+    v3 = store.put("m/manifest.json", b"v3", if_match=f'"{v2}"')
+    assert store.head("m/manifest.json").etag == v3
+
+
+def test_if_match_on_a_missing_key_fails(store: ObjectStore) -> None:
+    with pytest.raises(PreconditionFailed):
+        store.put("m/gone.json", b"x", if_match="0" * 32)
+    assert not store.exists("m/gone.json")
+
+
+def test_both_conditions_at_once_are_refused(store: ObjectStore) -> None:
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        store.put("k", b"x", if_none_match=True, if_match="abc")
+
+
+def test_put_file_multipart_keeps_content(store: ObjectStore, tmp_path: Path) -> None:
+    size = 2 * TEST_MULTIPART_THRESHOLD + 12345  # three parts: 5 MiB, 5 MiB, the rest
+    data = os.urandom(size)
+    src = tmp_path / "segment.log"
+    src.write_bytes(data)
+    etag = store.put_file("seg/big.log", src)
+    info = store.head("seg/big.log")
+    assert (info.size, info.etag) == (size, etag)
+    assert hashlib.sha256(store.get("seg/big.log")).digest() == hashlib.sha256(data).digest()
+    # a range across the first part boundary
+    edge = TEST_MULTIPART_THRESHOLD
+    assert store.get("seg/big.log", (edge - 100, edge + 100)) == data[edge - 100 : edge + 100]
+
+
+def test_put_file_small_and_put_large_bytes(store: ObjectStore, tmp_path: Path) -> None:
+    src = tmp_path / "small.log"
+    src.write_bytes(b"small segment")
+    assert store.put_file("seg/small.log", src) == store.head("seg/small.log").etag
+    assert store.get("seg/small.log") == b"small segment"
+
+    big = os.urandom(TEST_MULTIPART_THRESHOLD + 1)  # unconditional put above the threshold
+    etag = store.put("seg/big-bytes.log", big)
+    assert store.head("seg/big-bytes.log").etag == etag
+    assert store.get("seg/big-bytes.log") == big
+
+
+def test_put_file_of_a_missing_file_is_a_store_error(store: ObjectStore, tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="cannot read"):
+        store.put_file("seg/x.log", tmp_path / "absent.log")
+
+
+@pytest.mark.parametrize("key", ["", "a\x00b"])
+def test_unusable_keys_are_refused(store: ObjectStore, key: str) -> None:
+    with pytest.raises(StoreError, match="invalid object key"):
+        store.put(key, b"x")
+
+
+def test_store_pickles_without_its_client(store: ObjectStore) -> None:
+    store.put("p", b"shipped to an executor")
+    clone = pickle.loads(pickle.dumps(store))
+    try:
+        assert type(clone) is type(store)
+        assert clone.get("p") == b"shipped to an executor"
+    finally:
+        clone.close()
+
+
+# -- file store ------------------------------------------------------------------------------
+
+HOSTILE_KEYS = [
+    "../escape",
+    "a/../../escape",
+    "/etc/passwd",
+    "a//b",
+    "a/./b",
+    "trailing/",
+    "..",
+    f"{LOCK_DIR}/000.lock",
+    f"{ETAG_DIR}/k",
+    f"x/.y{TMP_MARK}abc",
+    "x" * 256,
+]
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS)
+def test_file_store_refuses_hostile_keys(file_store: FileStore, key: str) -> None:
+    outside = Path(file_store.root).parent
+    before = sorted(p.name for p in outside.iterdir())
+    for attempt in (
+        lambda: file_store.put(key, b"x"),
+        lambda: file_store.get(key),
+        lambda: file_store.head(key),
+        lambda: file_store.delete_many([key]),
+    ):
+        with pytest.raises(StoreError, match="invalid object key"):
+            attempt()
+    assert sorted(p.name for p in outside.iterdir()) == before
+    assert list(file_store.list()) == []
+
+
+def test_file_store_hides_its_bookkeeping_and_leaves_no_temp_files(file_store: FileStore) -> None:
+    root = Path(file_store.root)
+    e1 = file_store.put("t/1", b"a", if_none_match=True)
+    file_store.put("t/1", b"b", if_match=e1)
+    with pytest.raises(PreconditionFailed):
+        file_store.put("t/1", b"c", if_none_match=True)
+    (root / "t" / f".2{TMP_MARK}deadbeef").write_bytes(b"crash leftover")
+    assert [i.key for i in file_store.list()] == ["t/1"]
+    assert (root / LOCK_DIR).is_dir()
+    leftovers = [p.name for p in root.rglob(f"*{TMP_MARK}*")]
+    assert leftovers == [f".2{TMP_MARK}deadbeef"]  # only the planted one
+
+
+def test_file_store_delete_prunes_empty_directories(file_store: FileStore) -> None:
+    root = Path(file_store.root)
+    file_store.put("x/y/z/1", b"1")
+    file_store.put("x/keep", b"k")
+    assert file_store.delete_many(["x/y/z/1"]) == []
+    assert not (root / "x" / "y").exists()
+    assert (root / "x" / "keep").is_file()
+    assert not (root / ETAG_DIR / "x" / "y").exists()
+
+
+def test_file_store_key_used_as_directory_is_a_clear_error(file_store: FileStore) -> None:
+    file_store.put("a", b"object")
+    with pytest.raises(StoreError, match="collides"):
+        file_store.put("a/b", b"x")
+    file_store.put("c/d", b"x")
+    with pytest.raises(StoreError, match="collides"):
+        file_store.put("c", b"x")
+
+
+def test_file_store_etag_follows_a_file_replaced_behind_its_back(file_store: FileStore) -> None:
+    old = file_store.put("k", b"original")
+    path = Path(file_store.root) / "k"
+    path.unlink()
+    path.write_bytes(b"copied in by hand")  # new inode: the side file no longer describes it
+    info = file_store.head("k")
+    assert info.etag == hashlib.md5(b"copied in by hand").hexdigest()
+    assert info.size == len(b"copied in by hand")
+    with pytest.raises(PreconditionFailed):
+        file_store.put("k", b"stale writer", if_match=old)
+    file_store.put("k", b"current writer", if_match=info.etag)
+    assert file_store.get("k") == b"current writer"
+
+
+def test_file_store_survives_a_stale_side_file_in_the_way(file_store: FileStore) -> None:
+    # a crash left a side file for `a` although object `a` is gone
+    stale = Path(file_store.root) / ETAG_DIR / "a"
+    stale.write_text("0123 1 2 3\n")
+    file_store.put("a/b", b"nested")
+    assert file_store.head("a/b").etag == hashlib.md5(b"nested").hexdigest()
+
+
+def test_file_store_works_without_side_files(file_store: FileStore) -> None:
+    file_store.put("k", b"content")
+    for side in (Path(file_store.root) / ETAG_DIR).rglob("*"):
+        if side.is_file():
+            side.unlink()
+    assert file_store.head("k").etag == hashlib.md5(b"content").hexdigest()
+    assert [i.etag for i in file_store.list()] == [hashlib.md5(b"content").hexdigest()]
+
+
+def _cas_increment_worker(url: str, key: str, times: int, barrier: Any, results: Any) -> None:
+    """Read-modify-CAS `times` increments of a decimal counter; report conflicts seen."""
+    store = FileStore(StoreSettings(url=url))
+    conflicts = 0
+    barrier.wait()
+    for _ in range(times):
+        while True:
+            data = store.get(key)
+            try:
+                store.put(key, str(int(data) + 1).encode(), if_match=hashlib.md5(data).hexdigest())
+            except PreconditionFailed:
+                conflicts += 1
+                continue
+            break
+    results.put(conflicts)
+
+
+def test_file_store_cas_holds_across_processes(file_store: FileStore) -> None:
+    """Invariant 6: no update is ever lost, whichever process writes."""
+    file_store.put("counter", b"0", if_none_match=True)
+    procs_n, times = 4, 40
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process running server threads
+    barrier = ctx.Barrier(procs_n)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_cas_increment_worker,
+            args=(file_store.settings.url, "counter", times, barrier, results),
+        )
+        for _ in range(procs_n)
+    ]
+    for p in procs:
+        p.start()
+    # drain before join: a child exits only once its queued report is flushed
+    lost_races = sum(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert int(file_store.get("counter")) == procs_n * times, f"{lost_races} CAS retries"
+
+
+# -- S3 --------------------------------------------------------------------------------------
+
+
+def test_s3_multipart_etag_and_part_size(s3_store: S3Store, tmp_path: Path) -> None:
+    src = tmp_path / "three-parts.log"
+    src.write_bytes(os.urandom(2 * TEST_MULTIPART_THRESHOLD + 1))
+    etag = s3_store.put_file("seg/mp.log", src)
+    assert etag.endswith("-3")  # S3's multipart ETag: md5-of-md5s, dash, part count
+    # the part size grows so that huge objects stay within S3's 10,000-part limit
+    assert s3_store._part_size(10) == TEST_MULTIPART_THRESHOLD
+    assert s3_store._part_size(10_000 * TEST_MULTIPART_THRESHOLD + 1) > TEST_MULTIPART_THRESHOLD
+
+
+def test_s3_prefix_isolates_stores(moto_endpoint: str, s3_bucket: str) -> None:
+    under = S3Store(s3_settings(moto_endpoint, s3_bucket, prefix="cluster-a"), sleep=no_sleep)
+    whole = S3Store(s3_settings(moto_endpoint, s3_bucket, prefix=""), sleep=no_sleep)
+    try:
+        under.put("k", b"a")
+        whole.put("k", b"root")
+        assert whole.get("cluster-a/k") == b"a"
+        assert [i.key for i in under.list()] == ["k"]
+        assert [i.key for i in whole.list()] == ["cluster-a/k", "k"]
+        assert under.delete_many(["k"]) == []
+        assert whole.get("k") == b"root"
+    finally:
+        under.close()
+        whole.close()
+
+
+def test_s3_standard_credential_chain(moto_endpoint: str, s3_bucket: str) -> None:
+    # no explicit keys: boto3 finds the fake ones the moto fixture put in the environment
+    settings = s3_settings(moto_endpoint, s3_bucket, access_key=None, secret_key=None)
+    with S3Store(settings, sleep=no_sleep) as chained:
+        chained.put("chain", b"ok")
+        assert chained.get("chain") == b"ok"

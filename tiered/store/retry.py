@@ -1,0 +1,283 @@
+"""Retry policy for object-store calls, shared by every backend that talks to a network.
+
+botocore's own retries are switched off (`max_attempts=1`) so that there is exactly one retry
+loop, this one: tenacity with exponential backoff and jitter (`cloud_storage_initial_backoff_ms`
+as the first delay), a bounded number of attempts, and one WARNING line per retry.
+
+What is retried is a pure function of the error (`is_retryable`): throttling, 5xx and
+connection-level faults heal by waiting; every other 4xx (403, 404, 412, ...) means the request
+itself is wrong and is surfaced at once.
+"""
+
+from __future__ import annotations
+
+import http.client
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import botocore.exceptions
+import tenacity
+import urllib3.exceptions
+
+from tiered.errors import ConfigError
+from tiered.store.base import StoreSettings
+from tiered.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: S3 (and AWS-wide) error codes that mean "slow down and try again", whatever the HTTP status.
+THROTTLING_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "ProvisionedThroughputExceededException",
+    }
+)
+
+#: transient server-side codes. `RequestTimeout` is a 400, but it means the server gave up
+#: waiting for our body on a slow link, so the same request can succeed (botocore agrees).
+TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+    }
+)
+
+#: 5xx statuses that are not transient: 501 means the endpoint lacks the feature (for example
+#: conditional PUT on an old S3 clone), and asking again will not grow it.
+PERMANENT_5XX = frozenset({501, 505})
+
+#: exceptions raised below botocore's error parsing: the connection broke, timed out or the
+#: response body was cut short. botocore wraps most of them, but not all on every code path
+#: (streaming body reads in particular).
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    botocore.exceptions.ConnectionError,  # EndpointConnection, ConnectTimeout, Proxy, SSL
+    botocore.exceptions.HTTPClientError,  # ConnectionClosed, ReadTimeout, ResponseStreaming
+    botocore.exceptions.IncompleteReadError,
+    urllib3.exceptions.ProtocolError,
+    urllib3.exceptions.TimeoutError,
+    http.client.IncompleteRead,
+    http.client.RemoteDisconnected,
+    ConnectionError,  # the builtin: ConnectionResetError, BrokenPipeError, ...
+    TimeoutError,
+)
+
+
+def error_code(exc: BaseException) -> tuple[str, int | None]:
+    """(error code, HTTP status) of a botocore `ClientError`; ("", None) for anything else."""
+    if not isinstance(exc, botocore.exceptions.ClientError):
+        return "", None
+    response = exc.response if isinstance(exc.response, dict) else {}
+    code = str(response.get("Error", {}).get("Code", "") or "")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code, status if isinstance(status, int) else None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True when repeating the same request later can succeed.
+
+    Throttling (SlowDown, 429, 503, ...), other 5xx except 501/505, and broken or timed-out
+    connections are retryable; every other 4xx (403, 404, 409, 412, ...) and every error that
+    is not an I/O fault (bad arguments, missing credentials, our own `StoreError`) is not.
+    """
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code, status = error_code(exc)
+        if code in THROTTLING_CODES or code in TRANSIENT_CODES:
+            return True
+        if status is None:
+            return False
+        if status == 429:
+            return True
+        return 500 <= status <= 599 and status not in PERMANENT_5XX
+    return isinstance(exc, _CONNECTION_ERRORS)
+
+
+@dataclass
+class RetryStats:
+    """Counters of one store's calls, for metrics. Thread-safe: many archiver threads share a
+    store. `attempts` counts every request sent, `retries` the ones that were repeats,
+    `errors` the operations that failed for good, `exhausted` those among them that ran out of
+    attempts on retryable faults."""
+
+    operations: int = 0
+    attempts: int = 0
+    retries: int = 0
+    errors: int = 0
+    exhausted: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def snapshot(self) -> dict[str, int]:
+        """A consistent copy of the counters, for a metrics scrape."""
+        with self._lock:
+            return {
+                "operations": self.operations,
+                "attempts": self.attempts,
+                "retries": self.retries,
+                "errors": self.errors,
+                "exhausted": self.exhausted,
+            }
+
+    def __getstate__(self) -> dict[str, int]:
+        return self.snapshot()
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry: attempts in all (first try included) and the backoff
+    bounds in seconds. Built from `StoreSettings`; validated when built."""
+
+    max_attempts: int = 6
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"store max_attempts must be at least 1, got {self.max_attempts}")
+        if self.initial_backoff_s < 0 or self.max_backoff_s < self.initial_backoff_s:
+            raise ConfigError(
+                "backoff must satisfy 0 <= initial <= max, got "
+                f"initial={self.initial_backoff_s}s max={self.max_backoff_s}s"
+            )
+
+    @classmethod
+    def from_settings(cls, settings: StoreSettings) -> RetryPolicy:
+        """The policy of `settings`; a ceiling below the first delay is raised to it (a large
+        `cloud_storage_initial_backoff_ms` alone must not make the settings invalid)."""
+        initial_s = settings.initial_backoff_ms / 1000
+        return cls(
+            max_attempts=settings.max_attempts,
+            initial_backoff_s=initial_s,
+            max_backoff_s=max(settings.max_backoff_ms / 1000, initial_s),
+        )
+
+    def wait(self) -> tenacity.wait.wait_base:
+        """initial * 2**(n-1) + uniform(0, initial), capped at max. The jitter is scaled to the
+        first delay (tenacity's default is a whole second, which would swamp 100 ms)."""
+        return _exponential_jitter(self.initial_backoff_s, self.max_backoff_s)
+
+
+def _exponential_jitter(initial_s: float, max_s: float) -> tenacity.wait.wait_base:
+    # tenacity 9 renamed `initial` to `multiplier` (deprecating the old name); 8.x knows only
+    # `initial`. Same meaning either way.
+    params = inspect.signature(tenacity.wait_exponential_jitter).parameters
+    key = "multiplier" if "multiplier" in params else "initial"
+    kwargs: dict[str, float] = {key: initial_s, "max": max_s, "jitter": initial_s}
+    return tenacity.wait_exponential_jitter(**kwargs)
+
+
+#: turns the last raw error of an operation into the `StoreError` callers see; gets the error
+#: and the number of attempts made
+ErrorMapper = Callable[[BaseException, int], BaseException]
+
+
+class Retrier:
+    """Runs one store operation under the retry policy.
+
+    `sleep` is injectable (tests pass a no-op); `classify` decides what is retryable (default
+    `is_retryable`). The operation and key only label log lines and error messages.
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        stats: RetryStats | None = None,
+        classify: Callable[[BaseException], bool] = is_retryable,
+    ) -> None:
+        self.policy = policy
+        self.sleep = sleep
+        self.stats = stats if stats is not None else RetryStats()
+        self.classify = classify
+
+    def call(
+        self,
+        operation: str,
+        key: str,
+        fn: Callable[[], T],
+        map_error: ErrorMapper,
+    ) -> T:
+        """Return `fn()`, retrying retryable faults; raise `map_error(last error, attempts)`."""
+        stats = self.stats
+        attempts = 0
+
+        def counted() -> T:
+            nonlocal attempts
+            attempts += 1
+            stats.add(attempts=1, retries=1 if attempts > 1 else 0)
+            return fn()
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            outcome = state.outcome
+            exc = outcome.exception() if outcome is not None else None
+            delay = state.next_action.sleep if state.next_action is not None else 0.0
+            log.warning(
+                "store %s %r: attempt %d/%d failed (%s), retrying in %.3fs",
+                operation,
+                key,
+                state.attempt_number,
+                self.policy.max_attempts,
+                describe(exc) if exc is not None else "?",
+                delay,
+            )
+
+        retrying = tenacity.Retrying(
+            sleep=self.sleep,
+            stop=tenacity.stop_after_attempt(self.policy.max_attempts),
+            wait=self.policy.wait(),
+            retry=tenacity.retry_if_exception(self.classify),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        stats.add(operations=1)
+        try:
+            return retrying(counted)
+        except StoreError:
+            # already a domain error (raised by `fn` itself): pass through untouched
+            stats.add(errors=1)
+            raise
+        except Exception as exc:
+            retryable = self.classify(exc)
+            stats.add(errors=1, exhausted=1 if retryable else 0)
+            if retryable:
+                log.error(
+                    "store %s %r: giving up after %d attempts: %s",
+                    operation,
+                    key,
+                    attempts,
+                    describe(exc),
+                )
+            raise map_error(exc, attempts) from exc
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the error: the S3 code and status when there is one."""
+    code, status = error_code(exc)
+    if code or status:
+        return f"{code or 'error'} (HTTP {status})"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,446 @@
+"""S3 backend (AWS S3, MinIO, moto, any S3-compatible endpoint) over boto3.
+
+Every request goes through `Retrier` (botocore's own retries are off) and every botocore error
+leaves this module as a `StoreError` subclass whose message names the bucket and key.
+Credentials are passed to boto3 and never logged or put in messages.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from tiered.errors import ConfigError
+from tiered.store.base import ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.errors import (
+    AccessDenied,
+    ConditionalWritesUnsupported,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreError,
+)
+from tiered.store.retry import Retrier, RetryPolicy, RetryStats, describe, error_code
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: S3 limits: parts are 5 MiB..5 GiB (the last may be smaller), at most 10,000 per upload, and
+#: DeleteObjects takes at most 1000 keys; keys are at most 1024 UTF-8 bytes.
+MIN_PART_SIZE = 5 * 1024 * 1024
+MAX_PARTS = 10_000
+DELETE_BATCH = 1000
+MAX_KEY_BYTES = 1024
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_DENIED_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AllAccessDisabled",
+        "AccountProblem",
+        "401",
+        "403",
+        "Forbidden",
+    }
+)
+_PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412"})
+
+
+def map_s3_error(
+    exc: BaseException,
+    attempts: int,
+    *,
+    operation: str,
+    where: str,
+    conditional: bool = False,
+) -> BaseException:
+    """The `StoreError` for a botocore error on `where` (`s3://bucket/key`).
+
+    Pure, so the mapping is unit-tested without a server. `conditional` marks a put with
+    If-Match / If-None-Match: there a 404 (If-Match on a key that is gone) and a 409 are lost
+    races, hence `PreconditionFailed`, and a 501 means the endpoint cannot do conditions.
+    """
+    after = f" (gave up after {attempts} attempts)" if attempts > 1 else ""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code, status = error_code(exc)
+        message = str(exc.response.get("Error", {}).get("Message", "") or "")
+        detail = f"{code or 'error'} (HTTP {status})" + (f": {message}" if message else "")
+        if code == "NoSuchBucket":
+            return StoreError(f"{operation} {where}: the bucket does not exist ({detail})")
+        if conditional and (
+            code in _PRECONDITION_CODES or status in (409, 412) or code in _NOT_FOUND_CODES
+        ):
+            return PreconditionFailed(f"{operation} {where}: condition not met ({detail})")
+        if code in _PRECONDITION_CODES or status == 412:
+            return PreconditionFailed(f"{operation} {where}: condition not met ({detail})")
+        if conditional and (code == "NotImplemented" or status == 501):
+            return ConditionalWritesUnsupported(
+                f"{operation} {where}: the endpoint refuses conditional PUT "
+                f"(If-Match / If-None-Match): {detail}"
+            )
+        if code in _NOT_FOUND_CODES or status == 404:
+            return ObjectNotFound(f"{operation} {where}: no such object")
+        if code in _DENIED_CODES or status in (401, 403):
+            return AccessDenied(
+                f"{operation} {where}: access denied, the credentials are refused or lack "
+                f"permission ({detail}). Check the access key, secret key and bucket policy; "
+                "S3 also answers 403 for a missing key when s3:ListBucket is not granted"
+            )
+        return StoreError(f"{operation} {where} failed: {detail}{after}")
+    if isinstance(
+        exc, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError
+    ):
+        return AccessDenied(
+            f"{operation} {where}: no usable credentials found ({type(exc).__name__}); set "
+            "cloud_storage_access_key / cloud_storage_secret_key or the standard AWS chain "
+            "(environment, profile, instance metadata)"
+        )
+    if isinstance(exc, botocore.exceptions.BotoCoreError | OSError):
+        return StoreError(f"{operation} {where} failed: {describe(exc)}{after}")
+    return exc
+
+
+def _strip_etag(etag: object) -> str:
+    return str(etag or "").strip('"')
+
+
+class S3Store(ObjectStore):
+    """Objects under `s3://bucket/prefix/`. Thread-safe: one boto3 client (itself thread-safe)
+    with a pool of `max_connections`; many archiver threads share one store.
+
+    `sleep` is the retry backoff sleep (injected by tests); `stats` counts requests for metrics.
+    """
+
+    scheme = "s3"
+    #: ListObjectsV2 page size (S3's maximum); tests lower it to exercise pagination
+    list_page_size: int = 1000
+
+    def __init__(
+        self,
+        settings: StoreSettings,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        stats: RetryStats | None = None,
+    ) -> None:
+        from tiered.store import parse_store_url
+
+        super().__init__(settings)
+        scheme, self.bucket, prefix = parse_store_url(settings.url)
+        if scheme != self.scheme:
+            raise ConfigError(f"S3Store cannot serve {settings.url!r}: not an s3:// URL")
+        self.prefix = f"{prefix}/" if prefix else ""
+        if (settings.access_key is None) != (settings.secret_key is None):
+            raise ConfigError(
+                "cloud_storage_access_key and cloud_storage_secret_key must be set together "
+                "(or both left out to use the standard AWS credential chain)"
+            )
+        self.retrier = Retrier(RetryPolicy.from_settings(settings), sleep=sleep, stats=stats)
+        self.stats = self.retrier.stats
+        self._conditions_rejected = False
+        self._client = self._make_client(settings)
+
+    @staticmethod
+    def _make_client(settings: StoreSettings) -> Any:
+        config = botocore.config.Config(
+            max_pool_connections=settings.max_connections,
+            connect_timeout=settings.connect_timeout_s,
+            read_timeout=settings.read_timeout_s,
+            # botocore's own retries off: one attempt in all (its `max_attempts` would count
+            # retries only), so `Retrier` is the only retry loop
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            signature_version="s3v4",
+            # MinIO, moto and most S3 clones serve buckets by path, not by virtual host
+            s3={"addressing_style": "path" if settings.endpoint_url else "auto"},
+        )
+        region = settings.region or ("us-east-1" if settings.endpoint_url else None)
+        # a private session: boto3's default session is not safe to share between threads
+        session = boto3.session.Session()
+        return session.client(
+            "s3",
+            endpoint_url=settings.endpoint_url,
+            region_name=region,
+            aws_access_key_id=settings.access_key,
+            aws_secret_access_key=settings.secret_key,
+            config=config,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # ship settings, never the client: the receiver (a Spark executor) builds its own
+        return (type(self), (self.settings,))
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _full(self, key: str) -> str:
+        if not key or "\x00" in key:
+            raise StoreError(f"invalid object key {key!r}: empty or contains NUL")
+        full = self.prefix + key
+        if len(full.encode("utf-8")) > MAX_KEY_BYTES:
+            raise StoreError(f"invalid object key {key!r}: longer than {MAX_KEY_BYTES} bytes")
+        return full
+
+    def _where(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix}{key}"
+
+    def _call(
+        self, operation: str, key: str, fn: Callable[[], T], *, conditional: bool = False
+    ) -> T:
+        where = self._where(key)
+
+        def mapper(exc: BaseException, attempts: int) -> BaseException:
+            return map_s3_error(
+                exc, attempts, operation=operation, where=where, conditional=conditional
+            )
+
+        return self.retrier.call(operation, key, fn, mapper)
+
+    def _part_size(self, total: int) -> int:
+        """Configured chunk size, raised to S3's minimum and so that `total` fits the part
+        count limit."""
+        size = max(self.settings.multipart_chunksize, MIN_PART_SIZE)
+        return max(size, -(-total // MAX_PARTS))
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+    ) -> str:
+        if if_none_match and if_match is not None:
+            raise ValueError("put: if_none_match and if_match are mutually exclusive")
+        full = self._full(key)
+        conditional = if_none_match or if_match is not None
+        if conditional and self._conditions_rejected:
+            conditional = False  # single-writer opt-out already in force, see below
+        if not conditional and len(data) >= self.settings.multipart_threshold:
+            view = memoryview(data)
+            return self._multipart(key, len(data), lambda off, n: bytes(view[off : off + n]))
+
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full, "Body": data}
+        if conditional and if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        elif conditional and if_match is not None:
+            kwargs["IfMatch"] = '"' + if_match.strip('"') + '"'
+        try:
+            resp = self._call(
+                "put", key, lambda: self._client.put_object(**kwargs), conditional=conditional
+            )
+        except ConditionalWritesUnsupported:
+            if not self.settings.allow_unconditional_writes:
+                raise
+            # documented opt-out: the endpoint rejects the condition headers outright, and the
+            # operator has declared a single writer, so write without them from now on
+            log.warning(
+                "%s refuses conditional PUT; cloud_storage_allow_unconditional_writes is set, "
+                "writing without conditions (only safe with exactly one writer)",
+                self._where(key),
+            )
+            self._conditions_rejected = True
+            return self.put(key, data)
+        return _strip_etag(resp.get("ETag"))
+
+    def put_file(self, key: str, path: Path | str) -> str:
+        self._full(key)
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise StoreError(f"put_file {self._where(key)}: cannot read {path}: {exc}") from exc
+        if size >= self.settings.multipart_threshold:
+            with open(path, "rb") as f:
+
+                def read_part(offset: int, length: int) -> bytes:
+                    chunk = os.pread(f.fileno(), length, offset)
+                    if len(chunk) != length:
+                        raise StoreError(f"put_file {path}: file changed size during upload")
+                    return chunk
+
+                return self._multipart(key, size, read_part)
+
+        def single() -> Any:
+            # reopened per attempt so a retry sends the file from its start
+            with open(path, "rb") as f:
+                return self._client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=f)
+
+        resp = self._call("put_file", key, single)
+        return _strip_etag(resp.get("ETag"))
+
+    def _multipart(self, key: str, total: int, read_part: Callable[[int, int], bytes]) -> str:
+        """Upload `total` bytes as parts read by `read_part(offset, length)`, each part retried
+        on its own; any failure aborts the upload so no orphaned parts are billed."""
+        full = self._full(key)
+        part_size = self._part_size(total)
+        created = self._call(
+            "create_multipart_upload",
+            key,
+            lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=full),
+        )
+        upload_id = created["UploadId"]
+        try:
+            parts: builtins.list[dict[str, Any]] = []
+            for number, offset in enumerate(range(0, total, part_size), start=1):
+                body = read_part(offset, min(part_size, total - offset))
+                etag = self._upload_part(key, full, upload_id, number, body)
+                parts.append({"ETag": etag, "PartNumber": number})
+            done = self._call(
+                "complete_multipart_upload",
+                key,
+                lambda: self._client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=full,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                ),
+            )
+        except BaseException:
+            self._abort(key, full, upload_id)
+            raise
+        return _strip_etag(done.get("ETag"))
+
+    def _upload_part(self, key: str, full: str, upload_id: str, number: int, body: bytes) -> str:
+        resp = self._call(
+            f"upload_part#{number}",
+            key,
+            lambda: self._client.upload_part(
+                Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
+            ),
+        )
+        return str(resp["ETag"])
+
+    def _abort(self, key: str, full: str, upload_id: str) -> None:
+        try:
+            self._call(
+                "abort_multipart_upload",
+                key,
+                lambda: self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id
+                ),
+            )
+        except StoreError as exc:
+            # the bucket's lifecycle rule for incomplete uploads is the backstop
+            log.warning("could not abort multipart upload of %s: %s", self._where(key), exc)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        full = self._full(key)
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full}
+        if byte_range is not None:
+            begin, end = byte_range
+            if begin < 0 or end < begin:
+                raise ValueError(f"get {self._where(key)}: bad byte range [{begin}, {end})")
+            if end == begin:
+                self.head(key)  # an empty range still tells a missing key apart
+                return b""
+            kwargs["Range"] = f"bytes={begin}-{end - 1}"
+
+        def fetch() -> bytes:
+            try:
+                resp = self._client.get_object(**kwargs)
+            except botocore.exceptions.ClientError as exc:
+                code, status = error_code(exc)
+                if byte_range is not None and (code == "InvalidRange" or status == 416):
+                    return b""  # the range starts at or past the end
+                raise
+            body = resp["Body"]
+            try:
+                # StreamingBody.read checks Content-Length and raises IncompleteReadError
+                return bytes(body.read())
+            finally:
+                body.close()
+
+        return self._call("get", key, fetch)
+
+    def head(self, key: str) -> ObjectInfo:
+        full = self._full(key)
+        resp = self._call(
+            "head", key, lambda: self._client.head_object(Bucket=self.bucket, Key=full)
+        )
+        return ObjectInfo(
+            key=key,
+            size=int(resp["ContentLength"]),
+            etag=_strip_etag(resp.get("ETag")),
+            last_modified=resp["LastModified"].timestamp(),
+        )
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        full_prefix = self.prefix + prefix
+        token: str | None = None
+        cut = len(self.prefix)
+        while True:
+            kwargs: dict[str, Any] = {
+                "Bucket": self.bucket,
+                "Prefix": full_prefix,
+                "MaxKeys": self.list_page_size,
+            }
+            if token is not None:
+                kwargs["ContinuationToken"] = token
+            page = self._call(
+                "list", prefix or "/", functools.partial(self._client.list_objects_v2, **kwargs)
+            )
+            for item in page.get("Contents", []):
+                yield ObjectInfo(
+                    key=item["Key"][cut:],
+                    size=int(item["Size"]),
+                    etag=_strip_etag(item.get("ETag")),
+                    last_modified=item["LastModified"].timestamp(),
+                )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    # -- deletes ---------------------------------------------------------------------------
+
+    def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
+        failed: builtins.list[str] = []
+        batch: dict[str, None] = {}  # ordered and de-duplicated: S3 wants each key once
+        for key in keys:
+            batch[self._full(key)] = None
+            if len(batch) == DELETE_BATCH:
+                failed.extend(self._delete_batch(list(batch)))
+                batch = {}
+        if batch:
+            failed.extend(self._delete_batch(list(batch)))
+        return failed
+
+    def _delete_batch(self, full_keys: builtins.list[str]) -> builtins.list[str]:
+        cut = len(self.prefix)
+        request = {"Objects": [{"Key": k} for k in full_keys], "Quiet": True}
+        resp = self._call(
+            "delete_many",
+            f"{full_keys[0][cut:]} (+{len(full_keys) - 1} more)",
+            lambda: self._client.delete_objects(Bucket=self.bucket, Delete=request),
+        )
+        failed = []
+        for err in resp.get("Errors", []):
+            if err.get("Code") == "NoSuchKey":
+                continue  # already gone is what we wanted
+            log.warning(
+                "could not delete s3://%s/%s: %s %s",
+                self.bucket,
+                err.get("Key"),
+                err.get("Code"),
+                err.get("Message", ""),
+            )
+            failed.append(str(err.get("Key", ""))[cut:])
+        return failed
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,362 @@
+"""The manifest layer's I/O edge: load, compare-and-swap commit, archived-manifest reads.
+
+Commit protocol (DESIGN invariants 1 and 6):
+
+1. refuse if the version being replaced was written by a newer term (`StaleTerm`);
+2. plan the spillover and PUT every new archived manifest with If-None-Match (keys are
+   content-addressed: an identical object already there is reused, a different one refused);
+3. PUT the head with If-Match on the version read (If-None-Match for the first write);
+4. on PreconditionFailed, re-read the head and raise `StaleTerm` if a newer term wrote it,
+   else `ManifestConflict` carrying the fresh manifest. Nothing is overwritten blindly.
+
+Archived manifests uploaded by a commit that then loses its race are unreferenced; their
+names are content hashes, so they never collide, and `unreferenced_archives` finds them for GC.
+
+One `ManifestStore` may be shared by threads; each partition must still have one writer at a
+time per term (the archiver's job), other writers are fenced or lose the CAS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple, NoReturn
+
+import crc32c
+
+from manifests import keys, ops
+from manifests.archive_cache import ArchiveCache
+from manifests.errors import (
+    ArchiveKeyCollision,
+    CorruptManifest,
+    InvalidUpdate,
+    ManifestConflict,
+    ManifestError,
+    StaleTerm,
+)
+from manifests.manifest import ArchivedManifest, PartitionManifest, manifest_problem
+from manifests.model import ArchiveEntry, SegmentMeta
+from manifests.serde import (
+    decode_archived_manifest,
+    decode_partition_manifest,
+    encode_partition_manifest,
+)
+from manifests.spillover import ArchiveUpload, ManifestSettings, plan_spill
+from tiered.store.base import ObjectInfo, ObjectStore
+from tiered.store.errors import ObjectNotFound, PreconditionFailed
+
+#: attempts at reading one consistent (bytes, ETag) pair of a head being rewritten meanwhile
+READ_ATTEMPTS = 5
+#: (key, ETag) -> (term, sequence) of versions this process read or wrote: the fencing
+#: pre-check and the next sequence number come from the version actually replaced
+KNOWN_VERSIONS = 4096
+
+
+@dataclass
+class ManifestStoreStats:
+    """Counters for metrics."""
+
+    head_reads: int = 0
+    archive_reads: int = 0
+    archive_uploads: int = 0
+    commits: int = 0
+    conflicts: int = 0
+    fenced: int = 0
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a successful commit wrote."""
+
+    #: the head as committed (after spillover, `sequence` bumped): base the next change on it
+    manifest: PartitionManifest
+    #: its version token: pass as `expected_etag` to the next commit
+    etag: str
+    #: archived manifests uploaded for this commit, in upload order
+    archived_keys: tuple[str, ...] = field(default=())
+
+
+class ArchivedObject(NamedTuple):
+    """An object below an archive entry, in safe deletion order (see `archive_objects`)."""
+
+    key: str
+    #: the segment whose object `key` is; None for an archived manifest
+    segment: SegmentMeta | None
+
+
+class ManifestStore:
+    """Head and archived manifests of many partitions in one object store."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        settings: ManifestSettings | None = None,
+        *,
+        cache: ArchiveCache | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings or ManifestSettings()
+        self.cache = cache if cache is not None else ArchiveCache(self.settings.manifest_cache_size)
+        self.stats = ManifestStoreStats()
+        self._versions: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- head manifests ----------------------------------------------------------------------
+
+    def load(
+        self, topic: str, partition: int, revision: str | int
+    ) -> tuple[PartitionManifest, str | None]:
+        """The stored head manifest and its ETag, or a new empty manifest and None when the
+        partition has none yet (commit it with `expected_etag=None`)."""
+        key = keys.partition_manifest_key(topic, partition, revision)
+        got = self._read_head(key)
+        if got is None:
+            return PartitionManifest.new(topic, partition, revision), None
+        return got
+
+    def _read_head(self, key: str) -> tuple[PartitionManifest, str] | None:
+        """One consistent (manifest, ETag): the ETag is proven to belong to the bytes, either
+        because it is their MD5 (S3 single-part, the file store) or because it did not change
+        across the read (every commit changes the bytes: `sequence` grows, so no ABA)."""
+        for _ in range(READ_ATTEMPTS):
+            self.stats.head_reads += 1
+            try:
+                info = self.store.head(key)
+            except ObjectNotFound:
+                return None
+            try:
+                data = self.store.get(key)
+            except ObjectNotFound:
+                continue  # deleted since the HEAD; look again
+            etag = info.etag
+            if hashlib.md5(data, usedforsecurity=False).hexdigest() != etag:
+                try:
+                    if self.store.head(key).etag != etag:
+                        continue
+                except ObjectNotFound:
+                    continue
+            m = decode_partition_manifest(data, key=key)
+            if m.key != key:
+                raise CorruptManifest(
+                    f"describes {m.topic}/{m.partition} revision {m.revision}, not this key's "
+                    "partition",
+                    key=key,
+                )
+            self._remember(key, etag, m)
+            return m, etag
+        raise ManifestError(f"{key}: the manifest kept changing while being read; try again")
+
+    def _remember(self, key: str, etag: str, m: PartitionManifest) -> None:
+        with self._lock:
+            self._versions[(key, etag)] = (m.term, m.sequence)
+            self._versions.move_to_end((key, etag))
+            while len(self._versions) > KNOWN_VERSIONS:
+                self._versions.popitem(last=False)
+
+    def _base_version(self, m: PartitionManifest, expected_etag: str) -> tuple[int, int]:
+        """(term, sequence) of the stored version `expected_etag`, re-read if this process
+        never saw it."""
+        with self._lock:
+            known = self._versions.get((m.key, expected_etag))
+        if known is not None:
+            return known
+        got = self._read_head(m.key)
+        if got is None or got[1] != expected_etag:
+            self._lost(m, got)
+        return got[0].term, got[0].sequence
+
+    def _lost(self, m: PartitionManifest, got: tuple[PartitionManifest, str] | None) -> NoReturn:
+        """Raise what a lost race means: fenced if a newer term wrote the head, else conflict."""
+        current, etag = got if got is not None else (None, None)
+        if current is not None and current.term > m.term:
+            self.stats.fenced += 1
+            raise StaleTerm(m.key, current.term, m.term)
+        self.stats.conflicts += 1
+        raise ManifestConflict(m.key, current, etag)
+
+    def commit(self, manifest: PartitionManifest, expected_etag: str | None) -> CommitResult:
+        """Write `manifest` if the stored head is still the version `expected_etag` (None: no
+        head stored yet). Spills first when the head has outgrown 2 x the spillover size.
+
+        Raises `StaleTerm` when a newer term wrote (or would be replaced by) this head,
+        `ManifestConflict` when another commit won the race (carrying the fresh head),
+        `InvalidUpdate` for a manifest that breaks an invariant."""
+        key = manifest.key
+        base_sequence = 0
+        if expected_etag is not None:
+            base_term, base_sequence = self._base_version(manifest, expected_etag)
+            if base_term > manifest.term:
+                self.stats.fenced += 1
+                raise StaleTerm(key, base_term, manifest.term)
+        problem = manifest_problem(manifest)
+        if problem:
+            raise InvalidUpdate(f"{key}: refusing to commit an invalid manifest: {problem}")
+        plan = plan_spill(manifest, self.settings.spillover_size)
+        for upload in plan.uploads:
+            self._upload_archive(upload)
+        new = plan.manifest.evolve(sequence=base_sequence + 1)
+        data = encode_partition_manifest(new)
+        try:
+            if expected_etag is None:
+                etag = self.store.put(key, data, if_none_match=True)
+            else:
+                etag = self.store.put(key, data, if_match=expected_etag)
+        except PreconditionFailed:
+            got = self._read_head(key)
+            if got is None or encode_partition_manifest(got[0]) != data:
+                self._lost(manifest, got)
+            # our own write landed, then a retried request of the same PUT saw it: success
+            etag = got[1]
+        self.stats.commits += 1
+        self._remember(key, etag, new)
+        for upload in plan.uploads:
+            self.cache.put(upload.key, upload.manifest)
+        return CommitResult(new, etag, tuple(u.key for u in plan.uploads))
+
+    def _upload_archive(self, upload: ArchiveUpload) -> None:
+        self.stats.archive_uploads += 1
+        try:
+            self.store.put(upload.key, upload.data, if_none_match=True)
+        except PreconditionFailed:
+            if self.store.get(upload.key) != upload.data:
+                raise ArchiveKeyCollision(
+                    f"{upload.key}: already holds a different archived manifest; refusing to "
+                    "overwrite it"
+                ) from None
+
+    # -- archived manifests ------------------------------------------------------------------
+
+    def archived(self, m: PartitionManifest, entry: ArchiveEntry) -> ArchivedManifest:
+        """The archived manifest `entry` (listed by `m` or by one of its index manifests)
+        describes: from the cache, else one GET, verified against the entry's checksum and
+        ranges before it is trusted or cached."""
+        key = m.archive_key(entry)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        self.stats.archive_reads += 1
+        try:
+            data = self.store.get(key)
+        except ObjectNotFound:
+            raise CorruptManifest(
+                "archived manifest listed by the head manifest is missing", key=key
+            ) from None
+        actual = crc32c.crc32c(data)
+        if actual != entry.checksum:
+            raise CorruptManifest(
+                f"checksum mismatch: CRC-32C {actual:08x}, listed as {entry.checksum:08x}", key=key
+            )
+        a = decode_archived_manifest(data, key=key)
+        if (a.topic, a.partition, a.revision) != (m.topic, m.partition, m.revision) or a.entry(
+            actual
+        ) != entry:
+            raise CorruptManifest("does not match the entry that lists it", key=key)
+        self.cache.put(key, a)
+        return a
+
+    def find_offset(self, m: PartitionManifest, offset: int) -> SegmentMeta:
+        """The segment holding `offset`: the head first, then the one archived manifest (per
+        index level) whose range covers it. Raises `OffsetOutOfRange`."""
+        hit = ops.find_offset(m, offset)
+        while isinstance(hit, ArchiveEntry):
+            found = self.archived(m, hit).find(offset)
+            if found is None:
+                raise CorruptManifest(
+                    f"offset {offset} is in the listed range but in no row", key=m.archive_key(hit)
+                )
+            hit = found
+        return hit
+
+    def find_timestamp(self, m: PartitionManifest, timestamp: int) -> SegmentMeta | None:
+        """The first live segment whose max timestamp is >= `timestamp` (it holds the first
+        record at or after it), or None when every record is older. Reads only archives whose
+        max timestamp reaches `timestamp`."""
+        start = m.log_start_offset
+        for item in ops.iter_from(m, start):
+            if item.max_timestamp < timestamp:
+                continue
+            if isinstance(item, SegmentMeta):
+                return item
+            found = self._find_timestamp_in(m, item, timestamp, start)
+            if found is not None:
+                return found
+        return None
+
+    def _find_timestamp_in(
+        self, m: PartitionManifest, entry: ArchiveEntry, timestamp: int, start: int
+    ) -> SegmentMeta | None:
+        node = self.archived(m, entry)
+        i = 0
+        while (hit := ops.node_find_timestamp(node, timestamp, start, i)) is not None:
+            i, row = hit
+            if isinstance(row, SegmentMeta):
+                return row
+            found = self._find_timestamp_in(m, row, timestamp, start)
+            if found is not None:
+                return found
+            i += 1
+        return None
+
+    def iter_segments(self, m: PartitionManifest, from_offset: int = 0) -> Iterator[SegmentMeta]:
+        """Every live segment holding offsets >= `from_offset`, in offset order, reading
+        archived manifests one at a time as the iteration reaches them."""
+        start = max(from_offset, m.log_start_offset)
+        for item in ops.iter_from(m, start):
+            if isinstance(item, ArchiveEntry):
+                yield from self._iter_archive(m, item, start)
+            else:
+                yield item
+
+    def _iter_archive(
+        self, m: PartitionManifest, entry: ArchiveEntry, start: int
+    ) -> Iterator[SegmentMeta]:
+        for item in ops.node_iter_from(self.archived(m, entry), start):
+            if isinstance(item, ArchiveEntry):
+                yield from self._iter_archive(m, item, start)
+            else:
+                yield item
+
+    # -- garbage collection support ----------------------------------------------------------
+
+    def archive_objects(
+        self, m: PartitionManifest, entry: ArchiveEntry
+    ) -> Iterator[ArchivedObject]:
+        """Every object below `entry` (an expired archive, see `ops.expired_archives`): each
+        segment object before the archived manifest listing it, children before index
+        manifests, so deleting in this order never leaves a listed object missing."""
+        node = self.archived(m, entry)
+        if node.level == 0:
+            for seg in node.segments:
+                yield ArchivedObject(m.segment_key(seg), seg)
+        else:
+            for child in node.children:
+                yield from self.archive_objects(m, child)
+        yield ArchivedObject(m.archive_key(entry), None)
+
+    def referenced_archive_keys(self, m: PartitionManifest) -> set[str]:
+        """Keys of every archived manifest reachable from `m` (reads index manifests only)."""
+        found: set[str] = set()
+        pending = list(m.archives)
+        while pending:
+            entry = pending.pop()
+            found.add(m.archive_key(entry))
+            if entry.level > 0:
+                pending.extend(self.archived(m, entry).children)
+        return found
+
+    def unreferenced_archives(self, m: PartitionManifest) -> list[ObjectInfo]:
+        """Archived manifests under `m`'s prefix that `m` does not reach: left by commits that
+        lost their race or crashed, or by GC interrupted after dropping an entry. Callers
+        delete those older than the grace period (a concurrent commit may be about to list a
+        fresh one)."""
+        prefix = keys.partition_meta_prefix(m.topic, m.partition, m.revision)
+        referenced = self.referenced_archive_keys(m)
+        return [
+            info
+            for info in self.store.list(prefix)
+            if keys.parse_archived_manifest_name(info.key[len(prefix) :]) is not None
+            and info.key not in referenced
+        ]

@@ -23,9 +23,8 @@ import re
 from typing import NamedTuple
 
 from manifests.errors import InvalidName, InvalidTopicName
+from tiered.topics import topic_name_problem
 
-#: Kafka's limit (`Topic.MAX_NAME_LENGTH`)
-MAX_TOPIC_LENGTH = 249
 MAX_REVISION_LENGTH = 64
 #: a single path component of a POSIX file name, so the file store can hold every key
 MAX_OBJECT_NAME_LENGTH = 255
@@ -55,27 +54,11 @@ def _shown(value: object) -> str:
 
 
 def validate_topic_name(topic: object) -> str:
-    """Return `topic` if it is a legal Kafka topic name, else raise `InvalidTopicName`.
-
-    Legal: 1..249 characters of `[a-zA-Z0-9._-]`, and not `.` or `..` (Kafka's own rule); this
-    also keeps `/`, `:` and path tricks like `../x` out of every key."""
-    if not isinstance(topic, str):
-        raise InvalidTopicName(f"topic name must be a string, got {type(topic).__name__}")
-    if not topic:
-        raise InvalidTopicName("topic name is empty")
-    if len(topic) > MAX_TOPIC_LENGTH:
-        raise InvalidTopicName(
-            f"topic name {_shown(topic)} is {len(topic)} characters; at most "
-            f"{MAX_TOPIC_LENGTH} are allowed"
-        )
-    if topic in (".", ".."):
-        raise InvalidTopicName(f"topic name {topic!r} is not allowed")
-    if not _LEGAL.fullmatch(topic):
-        bad = sorted({ch for ch in topic if not _LEGAL.fullmatch(ch)})
-        raise InvalidTopicName(
-            f"topic name {_shown(topic)} contains {''.join(bad)!r}; only ASCII letters, digits, "
-            "'.', '_' and '-' are allowed"
-        )
+    """Return `topic` if it is a legal Kafka topic name, else raise `InvalidTopicName`."""
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise InvalidTopicName(problem)
+    assert isinstance(topic, str)  # topic_name_problem refuses non-strings
     return topic
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from tiered.errors import TieredError
+from tiered.topics import topic_name_problem
 
 CHECKPOINT_VERSION = 0
 PARTITION_METADATA_VERSION = 0
@@ -44,9 +45,6 @@ LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
 
-#: Kafka's legal topic characters (Topic.LEGAL_CHARS) and maximum length
-_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")
-MAX_TOPIC_LENGTH = 249
 _WHITESPACE = re.compile(r"\s+")
 
 T = TypeVar("T")
@@ -74,11 +72,9 @@ class InvalidTopicPartition(TieredError, ValueError):
 
 def check_topic_name(topic: str) -> str:
     """`topic` if Kafka accepts it as a topic name, else InvalidTopicPartition."""
-    if topic in (".", "..") or not _TOPIC_RE.fullmatch(topic) or len(topic) > MAX_TOPIC_LENGTH:
-        raise InvalidTopicPartition(
-            f"illegal topic name {topic!r}: Kafka allows 1-{MAX_TOPIC_LENGTH} of "
-            "[a-zA-Z0-9._-], and not '.' or '..'"
-        )
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise InvalidTopicPartition(f"illegal topic name: {problem}")
     return topic
 
 

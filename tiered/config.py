@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
-import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -39,6 +38,7 @@ from tiered.properties import (
     parse_table,
     resolve_topic,
 )
+from tiered.topics import topic_name_problem
 from tiered.units import describe
 
 if TYPE_CHECKING:
@@ -79,8 +79,6 @@ _STORAGE_ALTERNATIVES = {
     "endpoint_url": "cloud_storage_api_endpoint",
 }
 
-_TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
-_TOPIC_NAME_MAX = 249
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -109,17 +107,8 @@ class FrozenMap(Mapping[K, V]):
 
 
 def check_topic_name(name: str) -> str | None:
-    """Why `name` is not a legal Kafka topic name, or None when it is. Kafka's rule (1-249 of
-    ``[a-zA-Z0-9._-]``, not ``.`` or ``..``) also keeps names safe as path and key parts."""
-    if not name:
-        return "topic name is empty"
-    if name in (".", ".."):
-        return f"topic name {name!r} is not allowed"
-    if len(name) > _TOPIC_NAME_MAX:
-        return f"topic name is {len(name)} characters long; at most {_TOPIC_NAME_MAX} allowed"
-    if not _TOPIC_NAME_RE.match(name):
-        return f"topic name {name!r} may only contain ASCII letters, digits, '.', '_' and '-'"
-    return None
+    """Why `name` is not a legal Kafka topic name, or None when it is (`tiered.topics`)."""
+    return topic_name_problem(name)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,43 @@
+"""Kafka's rule for legal topic names, in one place.
+
+Every layer that turns a topic name into a directory, an object key or a config section asks
+here: Kafka's own rule (1-249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`) also keeps `/`,
+`:` and path tricks such as `../x` out of every path and key we build.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Kafka's maximum topic name length (Topic.MAX_NAME_LENGTH)
+MAX_TOPIC_LENGTH = 249
+#: Kafka's legal topic characters (Topic.LEGAL_CHARS)
+_LEGAL = re.compile(r"[A-Za-z0-9._-]+")
+#: how much of a hostile name an error message repeats
+_SHOWN_MAX = 60
+
+
+def _shown(name: str) -> str:
+    return repr(name if len(name) <= _SHOWN_MAX else name[:_SHOWN_MAX] + "...")
+
+
+def topic_name_problem(name: object) -> str | None:
+    """Why `name` is not a legal Kafka topic name, or None when it is."""
+    if not isinstance(name, str):
+        return f"topic name must be a string, got {type(name).__name__}"
+    if not name:
+        return "topic name is empty"
+    if name in (".", ".."):
+        return f"topic name {name!r} is not allowed"
+    if len(name) > MAX_TOPIC_LENGTH:
+        return (
+            f"topic name {_shown(name)} is {len(name)} characters long; "
+            f"at most {MAX_TOPIC_LENGTH} are allowed"
+        )
+    if not _LEGAL.fullmatch(name):
+        bad = "".join(sorted({ch for ch in name if not _LEGAL.fullmatch(ch)}))
+        return (
+            f"topic name {_shown(name)} contains {bad!r}; only ASCII letters, digits, "
+            "'.', '_' and '-' are allowed"
+        )
+    return None

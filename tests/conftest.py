@@ -133,3 +133,16 @@ def store(request: pytest.FixtureRequest) -> ObjectStore:
     per backend, and a new backend without a fixture fails here instead of going untested."""
     backend: ObjectStore = request.getfixturevalue(f"{request.param}_store")
     return backend
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One real PySpark session (local[2], UI off) for the whole test run: it takes ~4 s to
+    start, so every Spark test shares it."""
+    from spark_jobs.session import get_session
+
+    session = get_session("local[2]", app_name="tiered-tests")
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,2 +1,12 @@
 """The remote-read cache: chunk files on disk, size and object accounting, trimming and chunk
-eviction strategies (issue 5)."""
+eviction strategies (issue 5).
+
+    chunks       chunk layout of a segment on batch boundaries; which chunks a range needs
+    chunk_cache  ChunkCache / SegmentHandle: ranged chunk downloads, single-flight, read-ahead
+    download     one chunk's fetch, verification and bounded re-fetch
+    accounting   CacheSettings from the cluster properties, limits, the trim plan
+    eviction     eager / capped / predictive / lru, registered by name in STRATEGIES
+    readers      per-reader holds, sequential detection, registered future needs
+    entries      what the cache keeps per segment and per cached file
+    disk         on-disk layout, atomic writes, the restart index
+"""

@@ -1,0 +1,547 @@
+"""The chunked read cache: byte ranges of remote segments served from chunk files on local disk.
+
+`ChunkCache` knows nothing about S3: it is given a range-fetch function `fetch(key, begin,
+end_exclusive) -> bytes`. A read downloads only the chunks covering its range (one ranged GET
+per chunk), verifies each (record CRCs through the segment's `verify`; then CRC-32Cs per MiB
+block, kept so that later reads check just the blocks they serve), writes it atomically and
+serves it. Concurrent readers of one chunk share one download. Before a download the cache
+reserves the chunk's bytes and one object, trimming unheld chunks in the eviction strategy's
+order; when everything is held it may go over its limits by one chunk at most, and past that a
+read waits for room (then fails with CacheFullError).
+
+Threads: reads may come from any thread. Prefetches run on `prefetch_executor` (a private
+two-thread pool when none is given and `cloud_storage_chunk_prefetch` > 0). `start()` runs the
+periodic check (`cloud_storage_cache_check_interval_ms`) on a daemon thread that `close()` stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+
+from cache import disk
+from cache.accounting import CacheSettings, plan_trim
+from cache.chunks import chunks_for_range
+from cache.download import Fetcher, Verifier, fetch_verified
+from cache.entries import CacheEntry, SegmentInfo
+from cache.errors import CacheError, CacheFullError
+from cache.eviction import ChunkId, ChunkView, SegmentSnapshot, make_strategy
+from cache.readers import ReaderId, ReaderTable
+from tiered.errors import CorruptSegmentError, TieredError
+
+__all__ = ["ChunkCache", "Fetcher", "ReaderId", "SegmentHandle", "Verifier"]
+
+log = logging.getLogger(__name__)
+
+#: a stored chunk that reads back wrong is discarded and fetched again this many times per read
+_READ_ATTEMPTS = 3
+
+
+class SegmentHandle:
+    """One remote segment as the cache sees it; get it from `ChunkCache.open_segment`."""
+
+    def __init__(self, cache: ChunkCache, segment: SegmentInfo) -> None:
+        self._cache = cache
+        self._segment = segment
+
+    @property
+    def key(self) -> str:
+        return self._segment.key
+
+    @property
+    def size(self) -> int:
+        return self._segment.size
+
+    @property
+    def chunk_starts(self) -> tuple[int, ...]:
+        return self._segment.starts
+
+    def read(self, begin: int, end: int, *, reader: ReaderId | None = None) -> bytes:
+        """Bytes [begin, end) of the segment, downloading the chunks that cover them if they are
+        not cached. `reader` names a consumer session so its position is held between reads,
+        sequential reading is detected (read-ahead) and the predictive strategy learns its
+        needs; None reads once without holding anything afterwards."""
+        return self._cache._read(self._segment, begin, end, reader)
+
+    def expect(self, reader: ReaderId, begin: int, end: int) -> None:
+        """Register that `reader` will read bytes [begin, end) next (predictive eviction)."""
+        self._cache._expect(self._segment, reader, begin, end)
+
+
+class ChunkCache:
+    """Chunk files of remote segments under `directory`, within the limits of `settings`."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        settings: CacheSettings,
+        fetch: Fetcher,
+        *,
+        strategy: str | None = None,
+        clock: Callable[[], float] = time.time,
+        prefetch_executor: Executor | None = None,
+        disk_capacity: int | None = None,
+        write: disk.Writer = os.write,
+        download_attempts: int = 3,
+        reserve_timeout_s: float = 30.0,
+        reader_idle_s: float = 300.0,
+    ) -> None:
+        """`strategy` overrides `settings.eviction_strategy`; `disk_capacity` (bytes) overrides
+        the cache disk's size for `cloud_storage_cache_size_percent`; `write` is the `os.write`
+        used for chunk files (tests inject a full disk); a bad download is retried up to
+        `download_attempts` times in all; a read waits at most `reserve_timeout_s` for room;
+        readers idle for `reader_idle_s` lose their holds at the next check."""
+        if download_attempts < 1:
+            raise ValueError(f"download_attempts must be at least 1, got {download_attempts}")
+        self.root = Path(directory)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.settings = settings
+        self._fetch = fetch
+        self._clock = clock
+        self._write = write
+        self._download_attempts = download_attempts
+        self._reserve_timeout_s = reserve_timeout_s
+        self._reader_idle_s = reader_idle_s
+        self.strategy = make_strategy(
+            strategy if strategy is not None else settings.eviction_strategy,
+            hydrated_ratio=settings.hydrated_chunks_per_segment_ratio,
+            min_chunks=settings.min_chunks_per_segment_threshold,
+        )
+        if disk_capacity is None:
+            disk_capacity = shutil.disk_usage(self.root).total
+        self.limits = settings.limits(disk_capacity)
+        self._own_executor: ThreadPoolExecutor | None = None
+        if prefetch_executor is None and settings.chunk_prefetch > 0:
+            self._own_executor = ThreadPoolExecutor(2, thread_name_prefix="cache-prefetch")
+        self._executor: Executor | None = prefetch_executor or self._own_executor
+        self._cond = threading.Condition(threading.RLock())
+        self._entries: dict[ChunkId, CacheEntry] = {}
+        self._by_segment: dict[str, set[ChunkId]] = {}
+        self._segments: dict[str, SegmentInfo] = {}
+        self._readers = ReaderTable()
+        self._used_bytes = 0
+        self._counters = dict.fromkeys(
+            ("hits", "misses", "joined", "bytes_downloaded", "evictions", "prefetches",
+             "download_errors", "corrupt_discarded", "overshoots"), 0)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        for found in disk.load_entries(self.root):
+            self._add_entry(CacheEntry(found.chunk, found.size, found.atime, found.crcs))
+        with self._cond:
+            self._trim(0, 0)
+
+    # ----------------------------------------------------------------------- public API
+    def open_segment(
+        self,
+        key: str,
+        size: int,
+        chunk_starts: Sequence[int],
+        verify: Verifier | None = None,
+    ) -> SegmentHandle:
+        """A handle to read segment object `key` of `size` bytes cut at `chunk_starts` (from
+        `cache.chunks.plan_chunks`; ignored when chunk reads are disabled). `verify` checks a
+        chunk's bytes (record CRCs) before they are stored or served."""
+        disk.check_key(key)
+        if size < 0:
+            raise CacheError(f"segment {key}: size must not be negative, got {size}")
+        whole = self.settings.disable_chunk_reads
+        starts = tuple(chunk_starts)
+        if whole or size == 0:
+            starts = (0,) if size > 0 else ()
+        elif not starts or starts[0] != 0 or starts[-1] >= size or any(
+            b <= a for a, b in zip(starts, starts[1:], strict=False)
+        ):
+            raise CacheError(
+                f"segment {key}: chunk starts must begin at 0, increase and stay below the "
+                f"segment size {size}"
+            )
+        segment = SegmentInfo(key, size, starts, verify, whole)
+        with self._cond:
+            self._segments[key] = segment
+        return SegmentHandle(self, segment)
+
+    def close_reader(self, reader: ReaderId) -> None:
+        """Forget a reader (its consumer went away): its holds end at once."""
+        with self._cond:
+            self._release_holds(self._readers.close(reader))
+
+    def stats(self) -> dict[str, int]:
+        """Counters and gauges for metrics: hits, misses (downloads a read started), joined
+        (reads that waited on another's download), bytes_downloaded, evictions, prefetches,
+        download_errors, corrupt_discarded, overshoots; hydrated_chunks, size_bytes, readers,
+        max_bytes, max_objects."""
+        with self._cond:
+            out = dict(self._counters)
+            out["hydrated_chunks"] = sum(1 for e in self._entries.values() if e.download is None)
+            out["size_bytes"] = self._used_bytes
+            out["objects"] = len(self._entries)
+            out["readers"] = len(self._readers)
+            out["max_bytes"] = self.limits.max_bytes
+            out["max_objects"] = self.limits.max_objects
+            return out
+
+    def maintain(self) -> None:
+        """The periodic check: drop idle readers' holds, trim down to the thresholds, persist
+        the access-time index. Runs every `check_interval_ms` after `start()`."""
+        with self._cond:
+            self._release_holds(self._readers.expire(self._clock() - self._reader_idle_s))
+            self._trim(0, 0)
+            entries = [
+                disk.DiskEntry(e.chunk, e.size, e.last_access, e.crcs)
+                for e in self._entries.values()
+                if e.download is None
+            ]
+        try:
+            disk.save_index(self.root, entries, write=self._write)
+        except CacheError as err:  # the index is an optimisation; files remain the truth
+            log.warning("cache index not saved: %s", err)
+
+    def start(self) -> None:
+        """Run `maintain()` every `cloud_storage_cache_check_interval_ms` on a daemon thread."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="cache-check", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the check thread and the private prefetch pool, and save the index."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._own_executor is not None:
+            self._own_executor.shutdown(wait=True, cancel_futures=True)
+            self._own_executor = None
+            self._executor = None
+        self.maintain()
+
+    def __enter__(self) -> ChunkCache:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------- reading
+    def _read(self, seg: SegmentInfo, begin: int, end: int, reader: ReaderId | None) -> bytes:
+        if not 0 <= begin <= end <= seg.size:
+            raise CacheError(
+                f"segment {seg.key}: byte range [{begin}, {end}) is outside its {seg.size} bytes"
+            )
+        indices = chunks_for_range(seg.starts, begin, end)
+        parts: list[bytes] = []
+        ahead: list[int] = []
+        try:
+            for index in indices:
+                chunk_begin, chunk_end = seg.bounds(index)
+                lo, hi = max(begin, chunk_begin) - chunk_begin, min(end, chunk_end) - chunk_begin
+                parts.append(self._chunk_slice(seg, index, lo, hi))
+        finally:
+            with self._cond:
+                self._segments.setdefault(seg.key, seg)
+                if reader is not None and indices and len(parts) == len(indices):
+                    ahead = self._after_read(seg, indices, end, reader)
+                if indices:
+                    self._apply_release(seg.key)
+        executor = self._executor
+        for index in ahead:  # submitted outside the lock: an inline executor fetches right here
+            if executor is None:
+                break
+            try:
+                executor.submit(self._prefetch, seg, index)
+            except RuntimeError:  # the pool is shutting down with the cache
+                break
+        return b"".join(parts)
+
+    def _after_read(
+        self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId
+    ) -> list[int]:
+        """Update the reader's position and holds; the chunk indices to prefetch for it."""
+        last = indices[-1]
+        inside_last = end < seg.bounds(last)[1]
+        outcome = self._readers.after_read(
+            reader, seg.chunk_ids, indices[0], last, inside_last=inside_last,
+            prefetch=self.settings.chunk_prefetch, now=self._clock(),
+        )
+        self._release_holds(outcome.released)
+        return [seg.starts.index(c.start) for c in outcome.prefetch if c not in self._entries]
+
+    def _expect(self, seg: SegmentInfo, reader: ReaderId, begin: int, end: int) -> None:
+        if not 0 <= begin <= end <= seg.size:
+            raise CacheError(
+                f"segment {seg.key}: byte range [{begin}, {end}) is outside its {seg.size} bytes"
+            )
+        ids = seg.chunk_ids
+        with self._cond:
+            self._segments.setdefault(seg.key, seg)
+            chunks = [ids[i] for i in chunks_for_range(seg.starts, begin, end)]
+            self._readers.expect(reader, chunks, self._clock())
+
+    def _chunk_slice(self, seg: SegmentInfo, index: int, lo: int, hi: int) -> bytes:
+        """Verified bytes [lo, hi) (relative to the chunk) of chunk `index`, from disk or
+        downloaded now."""
+        chunk = seg.chunk_ids[index]
+        for _ in range(_READ_ATTEMPTS):
+            entry, mine, download = self._pin(chunk, seg.bounds(index), prefetch=False)
+            try:
+                if mine:
+                    return self._download(seg, index, entry)[lo:hi]
+                if download is not None:
+                    download.result()  # raises the downloader's error, if it failed
+                return self._load(seg, index, entry, lo, hi)
+            except disk.BadFile as bad:
+                log.warning("cached chunk %s of %s is bad, fetching again: %s",
+                            chunk.start, chunk.segment, bad)
+                with self._cond:
+                    self._counters["corrupt_discarded"] += 1
+                    if self._entries.get(chunk) is entry:
+                        self._evict(entry, count=False)
+            finally:
+                self._unpin(entry)
+        raise CorruptSegmentError(
+            f"chunk kept failing its checks after {_READ_ATTEMPTS} reads",
+            path=seg.key, position=seg.bounds(index)[0],
+        )
+
+    def _prefetch(self, seg: SegmentInfo, index: int) -> None:
+        chunk = seg.chunk_ids[index]
+        try:
+            with self._cond:
+                if chunk in self._entries or not self._readers.held(chunk):
+                    return  # cached meanwhile, or its reader moved on
+            entry, mine, _ = self._pin(chunk, seg.bounds(index), prefetch=True)
+        except CacheFullError:
+            return  # no room: a prefetch never waits nor overshoots
+        try:
+            if mine:
+                self._download(seg, index, entry)
+        except TieredError as err:
+            log.warning("prefetch of chunk %s of %s failed: %s", chunk.start, chunk.segment, err)
+        finally:
+            self._unpin(entry)
+            with self._cond:
+                self._apply_release(seg.key)
+
+    def _load(self, seg: SegmentInfo, index: int, entry: CacheEntry, lo: int, hi: int) -> bytes:
+        """Bytes [lo, hi) of a stored chunk, checked against its block checksums; a file found
+        after a restart without remembered checksums is verified whole first."""
+        begin, end = seg.bounds(index)
+        path = disk.chunk_path(self.root, entry.chunk)
+        crcs = entry.crcs
+        if crcs is None:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError as err:
+                raise disk.BadFile("file is missing") from err
+            except OSError as err:
+                raise CacheError(f"cannot read cached chunk of {seg.key}: {err}") from err
+            if len(data) != end - begin:
+                raise disk.BadFile(f"{len(data)} bytes on disk, the chunk has {end - begin}")
+            if seg.verify is not None:
+                try:
+                    seg.verify(data, begin)
+                except CorruptSegmentError as err:
+                    raise disk.BadFile(err.reason) from err
+            entry.crcs = disk.block_crcs(data)
+            return data[lo:hi]
+        return disk.read_checked(path, end - begin, crcs, lo, hi)
+
+    def _download(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> bytes:
+        """Fetch, verify and store chunk `index` for `entry` (pinned, reserved, registered as
+        downloading); on failure the reservation is dropped and waiting readers get the error."""
+        begin, end = seg.bounds(index)
+        try:
+            data = fetch_verified(
+                self._fetch, seg.key, begin, end, seg.verify,
+                attempts=self._download_attempts, on_bytes=self._count_bytes,
+            )
+            disk.write_atomically(disk.chunk_path(self.root, entry.chunk), data, write=self._write)
+        except BaseException as err:
+            with self._cond:
+                self._counters["download_errors"] += 1
+                if self._entries.get(entry.chunk) is entry:
+                    self._remove(entry)
+                assert entry.download is not None
+                entry.download.set_exception(err)
+                entry.download = None
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            entry.crcs = disk.block_crcs(data)
+            entry.last_access = self._clock()
+            assert entry.download is not None
+            entry.download.set_result(None)
+            entry.download = None
+            self._cond.notify_all()
+        return data
+
+    # ------------------------------------------------------------- space and entries
+    def _pin(
+        self, chunk: ChunkId, bounds: tuple[int, int], *, prefetch: bool
+    ) -> tuple[CacheEntry, bool, Future[None] | None]:
+        """Pin the entry of `chunk`, creating (and reserving room for) it when absent. Returns
+        the entry, whether the caller must download it, and the download in progress to wait
+        for otherwise. A prefetch counts no hit or miss and never waits for room."""
+        with self._cond:
+            found = self._join(chunk, prefetch)
+            if found is not None:
+                return found, False, found.download
+            self._reserve(bounds[1] - bounds[0], wait=not prefetch)
+            # waiting for room released the lock: another reader may have started it meanwhile
+            found = self._join(chunk, prefetch)
+            if found is not None:
+                return found, False, found.download
+            entry = CacheEntry(chunk, bounds[1] - bounds[0], self._clock(), None)
+            entry.download = Future()
+            entry.pins = 1
+            self._add_entry(entry)
+            self._counters["prefetches" if prefetch else "misses"] += 1
+            return entry, True, entry.download
+
+    def _join(self, chunk: ChunkId, prefetch: bool) -> CacheEntry | None:
+        """Pin the existing entry of `chunk`, counting a hit (or a join of a download)."""
+        entry = self._entries.get(chunk)
+        if entry is not None:
+            entry.pins += 1
+            entry.last_access = self._clock()
+            if not prefetch:
+                self._counters["joined" if entry.download is not None else "hits"] += 1
+        return entry
+
+    def _reserve(self, size: int, *, wait: bool) -> None:
+        """Make room for `size` more bytes and one more object (the caller adds the entry under
+        the same lock). Trims to the thresholds; when held chunks prevent that, goes over the
+        hard limits only if not over them already (so by one chunk at most), else waits."""
+        limits = self.limits
+        deadline = time.monotonic() + self._reserve_timeout_s
+        while True:
+            self._trim(size, 1)
+            used, objects = self._used_bytes + size, len(self._entries) + 1
+            if used <= limits.max_bytes and objects <= limits.max_objects:
+                return
+            if wait and self._used_bytes <= limits.max_bytes and (
+                len(self._entries) <= limits.max_objects
+            ):
+                self._counters["overshoots"] += 1
+                return
+            remaining = deadline - time.monotonic()
+            if not wait or remaining <= 0:
+                raise CacheFullError(
+                    f"cache full: {self._used_bytes} of {limits.max_bytes} bytes and "
+                    f"{len(self._entries)} of {limits.max_objects} objects, held by "
+                    f"{len(self._readers)} readers; no room for {size} more bytes"
+                )
+            self._cond.wait(remaining)
+
+    def _trim(self, incoming_bytes: int, incoming_objects: int) -> None:
+        """Remove chunks in the strategy's victim order until the cache plus what is coming is
+        within the trim thresholds: unheld chunks first, then, only if that is not enough,
+        chunks readers are merely positioned in (a position hold must not deadlock readers
+        that each wait for room). A chunk being read or downloaded is never removed."""
+        limits = self.limits
+        target_bytes = min(limits.trim_bytes, limits.max_bytes) - incoming_bytes
+        target_objects = min(limits.trim_objects, limits.max_objects) - incoming_objects
+        if self._used_bytes <= target_bytes and len(self._entries) <= target_objects:
+            return
+        views = self._with_needs([self._view(e) for e in self._entries.values()])
+        order = self.strategy.victim_order(views)
+        soft = [v._replace(held=False) for v in views
+                if v.held and not self._is_pinned(self._entries[v.id])]
+        order += self.strategy.victim_order(soft)
+        victims = plan_trim(
+            [(c, self._entries[c].size) for c in order],
+            self._used_bytes, len(self._entries),
+            target_bytes=target_bytes, target_objects=target_objects,
+        )
+        for chunk in victims:
+            self._evict(self._entries[chunk])
+
+    def _apply_release(self, segment: str) -> None:
+        """Ask the strategy which chunks of `segment` to let go now."""
+        ids = self._by_segment.get(segment)
+        if not ids:
+            return
+        views = self._with_needs([self._view(self._entries[c]) for c in ids])
+        seg = self._segments.get(segment)
+        total = len(seg.starts) if seg is not None else len(views)
+        for chunk in self.strategy.release(SegmentSnapshot(segment, total, tuple(views))):
+            entry = self._entries.get(chunk)
+            if entry is not None and not self._is_held(entry):
+                self._evict(entry)
+
+    def _release_holds(self, chunks: Sequence[ChunkId]) -> None:
+        for segment in dict.fromkeys(c.segment for c in chunks):
+            self._apply_release(segment)
+        if chunks:
+            self._cond.notify_all()
+
+    @staticmethod
+    def _is_pinned(entry: CacheEntry) -> bool:
+        return entry.pins > 0 or entry.download is not None
+
+    def _is_held(self, entry: CacheEntry) -> bool:
+        return self._is_pinned(entry) or self._readers.held(entry.chunk)
+
+    def _view(self, entry: CacheEntry) -> ChunkView:
+        return ChunkView(entry.chunk, entry.size, entry.last_access, self._is_held(entry))
+
+    def _with_needs(self, views: list[ChunkView]) -> list[ChunkView]:
+        if not self.strategy.uses_future:
+            return views
+        needs = self._readers.future_needs()
+        out = []
+        for v in views:
+            count, nearest = needs.get(v.id, (0, None))
+            out.append(v._replace(future_readers=count, next_need=nearest))
+        return out
+
+    def _add_entry(self, entry: CacheEntry) -> None:
+        self._entries[entry.chunk] = entry
+        self._by_segment.setdefault(entry.chunk.segment, set()).add(entry.chunk)
+        self._used_bytes += entry.size
+
+    def _remove(self, entry: CacheEntry) -> None:
+        del self._entries[entry.chunk]
+        ids = self._by_segment[entry.chunk.segment]
+        ids.discard(entry.chunk)
+        if not ids:  # forget the layout too; a handle's next read registers it again
+            del self._by_segment[entry.chunk.segment]
+            self._segments.pop(entry.chunk.segment, None)
+        self._used_bytes -= entry.size
+
+    def _evict(self, entry: CacheEntry, *, count: bool = True) -> None:
+        self._remove(entry)
+        disk.remove_file(disk.chunk_path(self.root, entry.chunk))
+        if count:
+            self._counters["evictions"] += 1
+        self._cond.notify_all()
+
+    def _count_bytes(self, n: int) -> None:
+        with self._cond:
+            self._counters["bytes_downloaded"] += n
+
+    def _unpin(self, entry: CacheEntry) -> None:
+        with self._cond:
+            entry.pins -= 1
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        interval = self.settings.check_interval_ms / 1000
+        while not self._stop.wait(interval):
+            try:
+                self.maintain()
+            except Exception:  # keep checking; a bad pass must not end the thread
+                log.exception("cache check failed")
+

@@ -1,0 +1,233 @@
+"""The cache directory on disk: chunk paths, atomic writes, and the rebuild after a restart.
+
+Layout (seed 001): a chunk of segment object `key` starting at byte `s` lives at
+`{cache dir}/{key}_chunks/{s}`; a whole segment (chunk reads disabled) at `{cache dir}/{key}`.
+Files appear only complete: bytes go to a temporary file beside the target, then `os.replace`.
+Each file is checksummed per `BLOCK` bytes (CRC-32C), so a read checks only the blocks it
+serves instead of re-reading a 16 MiB chunk for a 1 MiB fetch. A small index
+(`.tiered-cache-index.json`, also replaced atomically) remembers access times and checksums
+across restarts; files are the truth for what exists and how big it is, the index only adds
+what a file cannot say. Temporary files left by a crash are removed on start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+
+from cache.errors import CacheError, CacheFullError
+from cache.eviction import ChunkId
+
+__all__ = [
+    "BLOCK",
+    "INDEX_NAME",
+    "DiskEntry",
+    "Writer",
+    "block_crcs",
+    "check_key",
+    "chunk_path",
+    "load_entries",
+    "read_checked",
+    "remove_file",
+    "save_index",
+    "write_atomically",
+]
+
+INDEX_NAME = ".tiered-cache-index.json"
+INDEX_VERSION = 1
+#: infix of temporary files; anything carrying it is a leftover of an interrupted write
+TMP_MARK = ".tmp-"
+CHUNKS_SUFFIX = "_chunks"
+#: bytes covered by one stored checksum
+BLOCK = 1024 * 1024
+
+#: `os.write`-shaped function, injectable so tests can simulate a full disk
+Writer = Callable[[int, memoryview], int]
+
+
+@dataclass
+class DiskEntry:
+    """A cached file found on disk: its chunk, size (bytes), access time (seconds since the
+    epoch) and per-block CRC-32Cs when the index remembers them."""
+
+    chunk: ChunkId
+    size: int
+    atime: float
+    crcs: tuple[int, ...] | None = None
+
+
+class BadFile(Exception):
+    """A cached file is missing, of the wrong size or fails a block checksum."""
+
+
+def block_crcs(data: bytes) -> tuple[int, ...]:
+    """CRC-32C of every `BLOCK` bytes of `data` (the last block may be shorter)."""
+    view = memoryview(data)
+    return tuple(crc32c.crc32c(view[i : i + BLOCK]) for i in range(0, len(data), BLOCK))
+
+
+def read_checked(path: Path, size: int, crcs: Sequence[int], begin: int, end: int) -> bytes:
+    """Bytes [begin, end) of the `size`-byte file at `path`, reading and checking only the
+    blocks that hold them. BadFile when the file is gone, has another size or a block's
+    checksum does not match; CacheError for other I/O errors."""
+    first, last = begin // BLOCK, max(begin, end - 1) // BLOCK
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size != size:
+                raise BadFile(f"{os.fstat(f.fileno()).st_size} bytes on disk, expected {size}")
+            if begin == end:
+                return b""
+            f.seek(first * BLOCK)
+            data = f.read(min(size, (last + 1) * BLOCK) - first * BLOCK)
+    except FileNotFoundError as err:
+        raise BadFile("file is missing") from err
+    except OSError as err:
+        raise CacheError(f"cannot read cached file {path}: {err}") from err
+    view = memoryview(data)
+    for n, block in enumerate(range(first, last + 1)):
+        if crc32c.crc32c(view[n * BLOCK : (n + 1) * BLOCK]) != crcs[block]:
+            raise BadFile(f"block {block} fails its CRC-32C")
+    return data[begin - first * BLOCK : end - first * BLOCK]
+
+
+def check_key(key: str) -> str:
+    """`key` if it is safe as a relative path under the cache directory; CacheError for a key
+    that could escape it or collide with the cache's own files."""
+    parts = key.split("/")
+    if (
+        not key
+        or "\0" in key
+        or "\\" in key
+        or any(p in ("", ".", "..") for p in parts)
+        or parts[0] == INDEX_NAME
+        or TMP_MARK in parts[-1]
+    ):
+        raise CacheError(f"segment key {key!r} is not usable as a cache path")
+    return key
+
+
+def chunk_path(root: Path, chunk: ChunkId) -> Path:
+    """Where `chunk` lives under the cache directory `root`."""
+    if chunk.whole:
+        return root / chunk.segment
+    return root / f"{chunk.segment}{CHUNKS_SUFFIX}" / str(chunk.start)
+
+
+def _write_all(fd: int, data: bytes, write: Writer) -> None:
+    view = memoryview(data)
+    while view:
+        written = write(fd, view)
+        view = view[written:]
+
+
+def write_atomically(path: Path, data: bytes, *, write: Writer = os.write) -> None:
+    """Write `data` to `path` so that readers see either no file or all of it. A full disk
+    raises CacheFullError and any other OS error CacheError; the temporary file is removed
+    either way, so nothing partial stays behind."""
+    tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(fd, data, write)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CacheFullError(
+                f"cache disk is full writing {path} ({len(data)} bytes): {err.strerror}"
+            ) from err
+        raise CacheError(f"cannot write cache file {path}: {err}") from err
+
+
+def remove_file(path: Path) -> None:
+    """Delete a cached file; one already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def save_index(root: Path, entries: Iterable[DiskEntry], *, write: Writer = os.write) -> None:
+    """Persist access times and checksums of `entries` (atomically replaced)."""
+    body = {
+        "version": INDEX_VERSION,
+        "chunks": [
+            {
+                "path": chunk_path(Path(""), e.chunk).as_posix(),
+                "size": e.size,
+                "atime": e.atime,
+                "crcs": None if e.crcs is None else list(e.crcs),
+            }
+            for e in entries
+        ],
+    }
+    write_atomically(root / INDEX_NAME, json.dumps(body).encode(), write=write)
+
+
+def _read_index(root: Path) -> dict[str, tuple[int, float, tuple[int, ...] | None]]:
+    """path -> (size, atime, crcs) from the index; empty when it is missing or unreadable (the
+    files alone still rebuild the cache, only with mtimes and unknown checksums)."""
+    try:
+        body = json.loads((root / INDEX_NAME).read_bytes())
+        if body.get("version") != INDEX_VERSION:
+            return {}
+        out: dict[str, tuple[int, float, tuple[int, ...] | None]] = {}
+        for item in body["chunks"]:
+            size, crcs = int(item["size"]), item.get("crcs")
+            if crcs is not None and len(crcs) != -(-size // BLOCK):
+                crcs = None  # not this file's: verify it again instead
+            out[str(item["path"])] = (
+                size,
+                float(item["atime"]),
+                None if crcs is None else tuple(int(c) for c in crcs),
+            )
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _chunk_of(relative: str) -> ChunkId:
+    parent, _, name = relative.rpartition("/")
+    if parent.endswith(CHUNKS_SUFFIX) and name.isdigit():
+        return ChunkId(parent.removesuffix(CHUNKS_SUFFIX), int(name))
+    return ChunkId(relative, 0, whole=True)
+
+
+def load_entries(root: Path) -> list[DiskEntry]:
+    """Every cached file under `root`, with access times and checksums from the index where it
+    knows the file at its current size (else the file's mtime and no checksum). Removes
+    temporary files and empty chunk directories left by a crash."""
+    index = _read_index(root)
+    entries: list[DiskEntry] = []
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            path = Path(dirpath) / name
+            if TMP_MARK in name:
+                remove_file(path)
+                continue
+            relative = path.relative_to(root).as_posix()
+            if relative == INDEX_NAME:
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            known = index.get(relative)
+            if known is not None and known[0] == st.st_size:
+                entries.append(DiskEntry(_chunk_of(relative), st.st_size, known[1], known[2]))
+            else:
+                entries.append(DiskEntry(_chunk_of(relative), st.st_size, st.st_mtime))
+        if Path(dirpath) != root and not os.listdir(dirpath):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+    return entries

@@ -1,0 +1,78 @@
+"""Fetching one chunk: a ranged GET through the injected fetcher, checked before anything keeps
+it. A short or corrupt download is discarded and fetched again, a bounded number of times; a
+fetcher failure is reported at once (the store client has already retried) as
+ChunkDownloadError with the cause chained."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
+from cache.errors import ChunkDownloadError
+from tiered.errors import CorruptSegmentError, TieredError
+
+__all__ = ["Fetcher", "Verifier", "fetch_verified"]
+
+#: fetch(object key, begin_inclusive, end_exclusive) -> exactly those bytes
+Fetcher = Callable[[str, int, int], bytes]
+#: verify(chunk bytes, position of its first byte in the segment); raises CorruptSegmentError
+Verifier = Callable[[bytes, int], None]
+
+
+class _BadDownload(Exception):
+    """A downloaded chunk is short or fails verification: discard it and fetch again."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def fetch_verified(
+    fetch: Fetcher,
+    key: str,
+    begin: int,
+    end: int,
+    verify: Verifier | None,
+    *,
+    attempts: int,
+    on_bytes: Callable[[int], None],
+) -> bytes:
+    """Bytes [begin, end) of object `key`, of the right length and passing `verify`. Every
+    byte fetched, good or not, is reported to `on_bytes` (for the bytes-downloaded metric).
+    CorruptSegmentError when `attempts` downloads in a row were bad."""
+
+    def attempt() -> bytes:
+        try:
+            data = fetch(key, begin, end)
+        except TieredError as err:
+            raise ChunkDownloadError(
+                f"downloading bytes [{begin}, {end}) of {key} failed: {err}"
+            ) from err
+        except Exception as err:  # a custom fetcher's own exception: name it, chain it
+            raise ChunkDownloadError(
+                f"downloading bytes [{begin}, {end}) of {key} failed: "
+                f"{type(err).__name__}: {err}"
+            ) from err
+        on_bytes(len(data))
+        if len(data) != end - begin:
+            raise _BadDownload(f"got {len(data)} bytes, asked for {end - begin}")
+        if verify is not None:
+            try:
+                verify(data, begin)
+            except CorruptSegmentError as err:
+                raise _BadDownload(err.reason) from err
+        return data
+
+    try:
+        result: bytes = Retrying(
+            stop=stop_after_attempt(attempts),
+            retry=retry_if_exception_type(_BadDownload),
+            reraise=True,
+        )(attempt)
+    except _BadDownload as bad:
+        raise CorruptSegmentError(
+            f"chunk failed verification in {attempts} downloads: {bad.reason}",
+            path=key, position=begin,
+        ) from bad
+    return result

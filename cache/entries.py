@@ -1,0 +1,49 @@
+"""What `ChunkCache` keeps per segment and per cached file (internal to the cache)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import cached_property
+
+from cache.chunks import chunk_bounds
+from cache.download import Verifier
+from cache.eviction import ChunkId
+
+__all__ = ["CacheEntry", "SegmentInfo"]
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """A segment object as opened: key, size (bytes), chunk starts, how to verify a chunk, and
+    whether it is cached whole (cloud_storage_disable_chunk_reads)."""
+
+    key: str
+    size: int
+    starts: tuple[int, ...]
+    verify: Verifier | None
+    whole: bool
+
+    @cached_property
+    def chunk_ids(self) -> tuple[ChunkId, ...]:
+        return tuple(ChunkId(self.key, s, self.whole) for s in self.starts)
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        return chunk_bounds(self.starts, index, self.size)
+
+
+class CacheEntry:
+    """One cached (or downloading) file. `download` is set while the first reader fetches it;
+    others wait on it instead of fetching again."""
+
+    __slots__ = ("chunk", "crcs", "download", "last_access", "pins", "size")
+
+    def __init__(
+        self, chunk: ChunkId, size: int, last_access: float, crcs: tuple[int, ...] | None
+    ) -> None:
+        self.chunk = chunk
+        self.size = size
+        self.last_access = last_access
+        self.crcs = crcs
+        self.pins = 0
+        self.download: Future[None] | None = None

@@ -1,0 +1,152 @@
+"""Who is reading what: per-reader position, holds, sequential detection and registered future
+needs. Not thread-safe on its own; `ChunkCache` calls it under its lock.
+
+A reader (a consumer's fetch session, named by any hashable `ReaderId`) *holds* the chunk it is
+positioned in and the chunks prefetched for it, so no eviction strategy releases them under it.
+A reader is *sequential* when a read continues where its previous one stopped: the same chunk or
+the next one of the same segment, or chunk 0 of another segment right after it finished one.
+A sequential reader is predicted to need the rest of its segment, in order; `expect` registers
+needs explicitly instead (the predictive strategy ranks chunks by these).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from cache.eviction import ChunkId
+
+__all__ = ["ReadOutcome", "ReaderId", "ReaderTable"]
+
+ReaderId = Hashable
+
+
+@dataclass
+class _Reader:
+    segment: str
+    last_chunk: int
+    ended_segment: bool
+    sequential: bool
+    last_seen: float
+    holds: set[ChunkId] = field(default_factory=set)
+    expected: list[ChunkId] = field(default_factory=list)
+    inferred: list[ChunkId] = field(default_factory=list)
+
+    @property
+    def future(self) -> list[ChunkId]:
+        return self.expected or self.inferred
+
+
+@dataclass(frozen=True)
+class ReadOutcome:
+    """What a read changed: whether it was sequential, the chunks to prefetch for the reader
+    (already held for it) and the chunks nobody holds any more."""
+
+    sequential: bool
+    prefetch: tuple[ChunkId, ...]
+    released: tuple[ChunkId, ...]
+
+
+class ReaderTable:
+    """Reader states plus how many readers hold each chunk."""
+
+    def __init__(self) -> None:
+        self._readers: dict[ReaderId, _Reader] = {}
+        self._holds: Counter[ChunkId] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._readers)
+
+    def held(self, chunk: ChunkId) -> bool:
+        """Whether some reader holds `chunk`."""
+        return self._holds[chunk] > 0
+
+    def after_read(
+        self,
+        reader: ReaderId,
+        chunks: Sequence[ChunkId],
+        first: int,
+        last: int,
+        *,
+        inside_last: bool,
+        prefetch: int,
+        now: float,
+    ) -> ReadOutcome:
+        """Record that `reader` read chunks `first..last` (indices into `chunks`, the whole
+        segment's chunk list) and, when `inside_last`, stopped inside chunk `last`."""
+        segment = chunks[0].segment
+        prev = self._readers.get(reader)
+        sequential = prev is not None and (
+            (prev.segment == segment and first in (prev.last_chunk, prev.last_chunk + 1))
+            or (prev.segment != segment and prev.ended_segment and first == 0)
+        )
+        next_chunk = last if inside_last else last + 1
+        holds = {chunks[last]} if inside_last else set()
+        ahead: tuple[ChunkId, ...] = ()
+        if sequential and prefetch > 0:
+            ahead = tuple(chunks[last + 1 : last + 1 + prefetch])
+            holds.update(ahead)
+        state = _Reader(
+            segment=segment,
+            last_chunk=last,
+            ended_segment=not inside_last and last == len(chunks) - 1,
+            sequential=sequential,
+            last_seen=now,
+        )
+        if prev is not None and prev.expected:
+            done = set(chunks[first:next_chunk])
+            state.expected = [c for c in prev.expected if c not in done]
+        if sequential:
+            state.inferred = list(chunks[next_chunk:])
+        elif inside_last:
+            state.inferred = [chunks[last]]
+        released = self._set_holds(prev.holds if prev is not None else set(), holds)
+        state.holds = holds
+        self._readers[reader] = state
+        return ReadOutcome(sequential, ahead, released)
+
+    def expect(self, reader: ReaderId, chunks: Sequence[ChunkId], now: float) -> None:
+        """Register that `reader` will read `chunks`, in this order (replaces earlier ones)."""
+        state = self._readers.get(reader)
+        if state is None:
+            if not chunks:
+                return
+            state = _Reader(chunks[0].segment, -1, False, False, now)
+            self._readers[reader] = state
+        state.expected = list(chunks)
+        state.last_seen = now
+
+    def close(self, reader: ReaderId) -> tuple[ChunkId, ...]:
+        """Forget `reader`; returns the chunks nobody holds any more."""
+        state = self._readers.pop(reader, None)
+        if state is None:
+            return ()
+        return self._set_holds(state.holds, set())
+
+    def expire(self, idle_before: float) -> tuple[ChunkId, ...]:
+        """Close readers not seen since `idle_before` (a consumer that went away)."""
+        released: list[ChunkId] = []
+        for reader in [r for r, s in self._readers.items() if s.last_seen < idle_before]:
+            released.extend(self.close(reader))
+        return tuple(released)
+
+    def future_needs(self) -> dict[ChunkId, tuple[int, int]]:
+        """chunk -> (readers that will read it, chunks the nearest one reads before it)."""
+        needs: dict[ChunkId, tuple[int, int]] = {}
+        for state in self._readers.values():
+            for distance, chunk in enumerate(dict.fromkeys(state.future)):
+                count, nearest = needs.get(chunk, (0, distance))
+                needs[chunk] = (count + 1, min(nearest, distance))
+        return needs
+
+    def _set_holds(self, old: set[ChunkId], new: set[ChunkId]) -> tuple[ChunkId, ...]:
+        released = []
+        for chunk in new - old:
+            self._holds[chunk] += 1
+        for chunk in old - new:
+            self._holds[chunk] -= 1
+            if self._holds[chunk] <= 0:
+                del self._holds[chunk]
+                released.append(chunk)
+        return tuple(released)

@@ -1,0 +1,82 @@
+"""Upload bandwidth limiting: a token bucket shared by every upload thread.
+
+The store's `put_file` streams a whole object in one call, so the limiter works per object:
+an upload takes its size in tokens up front, and the bucket may go into debt for an object
+larger than its capacity, the *next* upload then waiting until the debt is paid. The average
+rate over any window longer than one object is therefore the configured rate, which is what the
+upload controller's budget asks for (seed 001: shares set the write path's bandwidth). The
+clock and sleep are injected so tests run without real time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from archiver.upload_policy import PolicyInputError
+
+
+class TokenBucket:
+    """`rate` bytes per second (None: unthrottled), at most `burst_seconds` of rate saved up.
+
+    Thread-safe: many upload threads call `acquire`; `set_rate` may be called between rounds
+    when the controller changes the budget."""
+
+    def __init__(
+        self,
+        rate: int | None,
+        *,
+        burst_seconds: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if burst_seconds <= 0:
+            raise PolicyInputError(f"burst must be positive, got {burst_seconds}s")
+        self._clock = clock
+        self._sleep = sleep
+        self._burst_seconds = burst_seconds
+        self._lock = threading.Lock()
+        self._rate: int | None = None
+        self._tokens = 0.0
+        self._stamp = clock()
+        #: seconds spent waiting for tokens, for metrics and tests
+        self.waited_seconds = 0.0
+        self.set_rate(rate)
+
+    @property
+    def rate(self) -> int | None:
+        return self._rate
+
+    def set_rate(self, rate: int | None) -> None:
+        if rate is not None and rate < 1:
+            raise PolicyInputError(f"bandwidth must be at least 1 byte/s or None, got {rate}")
+        with self._lock:
+            self._refill()
+            self._rate = rate
+            if rate is not None:
+                self._tokens = min(self._tokens, rate * self._burst_seconds)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        elapsed = max(0.0, now - self._stamp)
+        self._stamp = now
+        if self._rate is not None:
+            self._tokens = min(self._tokens + elapsed * self._rate,
+                               self._rate * self._burst_seconds)
+
+    def acquire(self, nbytes: int) -> float:
+        """Take `nbytes` tokens, sleeping first while the bucket is in debt; returns the
+        seconds slept. Unthrottled buckets return at once."""
+        if nbytes < 0:
+            raise PolicyInputError(f"cannot acquire a negative byte count ({nbytes})")
+        with self._lock:
+            if self._rate is None:
+                return 0.0
+            self._refill()
+            wait = max(0.0, -self._tokens / self._rate)
+            self._tokens -= nbytes
+            self.waited_seconds += wait
+        if wait > 0:
+            self._sleep(wait)
+        return wait

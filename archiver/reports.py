@@ -1,0 +1,140 @@
+"""What the archiver's passes report, and the counters it keeps for metrics: plain data,
+shared by the service, the daemon, the CLI and the metrics collector."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from archiver.space import PartitionView, safe_delete_below, upload_backlog_bytes
+from archiver.upload_policy import LogSnapshot
+from manifests.manifest import PartitionManifest
+from tiered.errors import TieredError
+from tiered.local_log import PartitionLog
+
+
+@dataclass
+class PartitionReport:
+    """One partition's outcome in a pass; a partition fault is reported here, never raised.
+
+    `decision` is an `UploadDecision` value ("up_to_date", "wait", "gap", ...) or one of
+    "uploaded", "corrupt_segment", "error", "fenced", "remote_write_off", "housekept",
+    "local_retention", "advise". `safe_to_delete_below` (local retention passes) is the
+    exclusive offset below which local data is in the bucket."""
+
+    topic: str
+    partition: int
+    uploaded_segments: int = 0
+    uploaded_bytes: int = 0
+    decision: str = "up_to_date"
+    error: str | None = None
+    safe_to_delete_below: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class PassReport:
+    """What one pass (or `run_once`, all of them) did. `errors` holds faults that belong to
+    no single partition (a topic manifest, a checkpoint file); a partition's fault is its
+    row's `error`. `ok` looks at both."""
+
+    partitions: list[PartitionReport] = field(default_factory=list)
+    deleted_remote_objects: int = 0
+    deleted_local_segments: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No errors anywhere: `tiered archive --once` exits 0 only then."""
+        return not self.errors and all(p.error is None for p in self.partitions)
+
+    def merge(self, other: PassReport) -> PassReport:
+        """Both passes in one report, one row per partition (errors joined)."""
+        rows = {(p.topic, p.partition): p for p in self.partitions}
+        for p in other.partitions:
+            mine = rows.get((p.topic, p.partition))
+            if mine is None:
+                rows[(p.topic, p.partition)] = p
+                continue
+            mine.uploaded_segments += p.uploaded_segments
+            mine.uploaded_bytes += p.uploaded_bytes
+            if p.error:  # the first fault names the row's decision; later ones add to it
+                if mine.error is None:
+                    mine.decision, mine.error = p.decision, p.error
+                else:
+                    mine.error = f"{mine.error}; {p.error}"
+            if p.safe_to_delete_below is not None:
+                mine.safe_to_delete_below = p.safe_to_delete_below
+        return PassReport(
+            sorted(rows.values(), key=lambda r: (r.topic, r.partition)),
+            self.deleted_remote_objects + other.deleted_remote_objects,
+            self.deleted_local_segments + other.deleted_local_segments,
+            self.errors + other.errors,
+        )
+
+
+@dataclass
+class ArchiverStats:
+    """Plain numbers for metrics (totals only grow for the archiver's lifetime)."""
+
+    #: bytes of committed segment objects and the indexes beside them
+    uploaded_bytes_total: int = 0
+    uploaded_segments_total: int = 0
+    upload_errors_total: int = 0
+    commits_total: int = 0
+    commit_conflicts_total: int = 0
+    #: bytes of local data not yet in a committed manifest (the controller's backlog)
+    pending_bytes: int = 0
+    pending_bytes_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
+    backlog_ratio: float = 0.0
+    controller_error: float = 0.0
+    controller_shares: int = 0
+    #: seed 000's free-space alert: 0 ok, 1 low space, 2 degraded
+    disk_alert_state: int = 0
+    remote_deleted_objects_total: int = 0
+    local_deleted_segments_total: int = 0
+    #: the object store's request counters (operations, attempts, retries, errors, exhausted)
+    store_retry_stats: dict[str, int] = field(default_factory=dict)
+
+
+def storage_row(part: PartitionLog, snap: LogSnapshot | None, view: PartitionView | None,
+                m: PartitionManifest | None, error: str | None = None) -> dict[str, Any]:
+    """One partition's `describe-storage` row: what is local, what is in the bucket, what is
+    still pending upload and below which offset local data may go."""
+    remote: dict[str, Any] = {"start_offset": None, "last_offset": None, "size_bytes": 0,
+                              "segments": 0, "archived_manifests": 0}
+    if error is not None:
+        remote["error"] = error
+    if m is not None and m.last_offset >= 0:
+        remote.update(
+            start_offset=m.log_start_offset, last_offset=m.last_offset, size_bytes=m.cloud_bytes,
+            segments=len(m.segments) + sum(e.segment_count for e in m.archives),
+            archived_manifests=len(m.archives))
+    hw = part.high_watermark
+    if hw is None and snap is not None:
+        hw = snap.high_watermark
+    segments = 0 if snap is None else len(snap.closed) + (snap.active is not None)
+    return {
+        "topic": part.topic,
+        "partition": part.partition,
+        "high_watermark": hw,
+        "local": {
+            "start_offset": part.log_start_offset,
+            "last_offset": _local_last_offset(part),
+            "size_bytes": 0 if view is None else view.size_bytes,
+            "segments": segments,
+        },
+        "remote": remote,
+        "pending_bytes": 0 if view is None else upload_backlog_bytes([view]),
+        "safe_to_delete_below": None if view is None else safe_delete_below(view),
+    }
+
+
+def _local_last_offset(part: PartitionLog) -> int | None:
+    """Offset of the last record on local disk, None for an empty log."""
+    try:
+        end = part.log_end_offset()
+    except (TieredError, OSError):
+        return None
+    start = part.log_start_offset
+    return None if end is None or start is None or end <= start else end - 1

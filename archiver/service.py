@@ -1,0 +1,497 @@
+"""The archiver service: composes the write path's policies and edges for every partition.
+
+`Archiver` owns the per-partition state (the committed manifest and its ETag, the idle timer,
+fencing) and runs the passes the daemon schedules and `tiered archive --once` runs in a row:
+
+* `scan` re-reads the log dirs (new partitions, rolled and deleted segments, the writer term);
+* `upload_round` uploads what `upload_policy` picks for every partition, in parallel within
+  the controller's upload budget, and commits the manifests (`archiver.uploader`);
+* `housekeeping` applies remote retention and collects garbage (`archiver.retention`);
+* `local_retention` deletes covered local segments or only advises
+  (`archiver.local_retention`), and computes the disk alert;
+* `update_controller` turns the upload backlog into shares and the upload budget.
+
+A fault in one partition is reported in that partition's `PartitionReport` and never stops the
+others (DESIGN invariant 9). Thread model: the passes may be called from different threads;
+each partition's state is guarded by its own lock, and upload threads come from executors
+created per round with the current budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from archiver import controller
+from archiver.bandwidth import TokenBucket
+from archiver.controller import ControllerOutput, ControllerParams, ControllerState, UploadBudget
+from archiver.local_retention import (
+    LocalRetentionResult,
+    advise_only,
+    combined_disk,
+    enforce,
+    partition_view,
+    real_disk_usage,
+)
+from archiver.reports import ArchiverStats, PartitionReport, PassReport, storage_row
+from archiver.retention import GarbageCollector
+from archiver.space import (
+    DiskInfo,
+    PartitionView,
+    RetentionLimits,
+    SpaceParams,
+    disk_alert_state,
+    safe_delete_below,
+    upload_backlog_bytes,
+)
+from archiver.upload_policy import LogSnapshot, UploadParams
+from archiver.uploader import (
+    ArchivalCursor,
+    PartitionTarget,
+    SegmentFacts,
+    UploadOutcome,
+    archive_partition,
+    head,
+    snapshot_of,
+)
+from manifests.commit import ManifestStore
+from manifests.errors import ManifestConflict, StaleTerm
+from manifests.spillover import ManifestSettings
+from manifests.topic import TopicManifest, save_topic_manifest
+from tiered.checkpoints import TopicPartition, topic_id_to_str
+from tiered.config import Config
+from tiered.errors import TieredError
+from tiered.local_log import LocalLog, PartitionLog
+from tiered.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Archiver", "ArchiverStats", "PartitionReport", "PassReport", "revision_of", "term_of"]
+
+
+@dataclass
+class _Partition:
+    """The archiver's state of one partition. `lock` guards the cursor and fencing; `log`
+    and `term` are replaced whole by `scan` (a round reads them once, through `target`)."""
+
+    log: PartitionLog
+    revision: str
+    term: int
+    cursor: ArchivalCursor
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the manifest term that fenced this writer; it stays out until its own term passes it
+    fenced_by: int | None = None
+
+    @property
+    def tp(self) -> TopicPartition:
+        return self.log.tp
+
+    def target(self) -> PartitionTarget:
+        return PartitionTarget(self.log, self.revision, self.term)
+
+
+def revision_of(part: PartitionLog) -> str:
+    """The bucket revision of a partition: its topic id, or "0" when it has none."""
+    return "0" if part.topic_id is None else topic_id_to_str(part.topic_id)
+
+
+def term_of(part: PartitionLog) -> int:
+    """The writer term: the partition's latest leader epoch (checkpoint, else the last batch)."""
+    if part.leader_epochs:
+        return part.leader_epochs[-1].epoch
+    active = part.active_segment
+    try:
+        last = active.last_batch() if active is not None else None
+    except (TieredError, OSError):
+        last = None
+    return max(0, last.partition_leader_epoch) if last is not None else 0
+
+
+class Archiver:
+    """Archives every partition of the configured log dirs into `store` (see module doc).
+
+    `clock` is seconds since the epoch (remote retention, grace periods and the idle timer
+    compare it with record timestamps and object mtimes); `disk_usage` reports a log dir's
+    filesystem (default `shutil.disk_usage`); `fixed_shares` pins the controller's output
+    (benchmarks); `term` overrides the writer term read from the log; `max_upload_bandwidth`
+    (bytes/s, None: unthrottled) and `max_upload_concurrency` (default
+    `cloud_storage_max_connections`) are what the maximum shares buy."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: ObjectStore,
+        *,
+        clock: Callable[[], float] = time.time,
+        disk_usage: Callable[[Path], DiskInfo] | None = None,
+        fixed_shares: int | None = None,
+        term: int | None = None,
+        max_upload_bandwidth: int | None = None,
+        max_upload_concurrency: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        cluster = config.cluster
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.disk_usage = disk_usage or real_disk_usage
+        self.term_override = term
+        self.mstore = ManifestStore(store, ManifestSettings.from_cluster(cluster))
+        self.upload_params = UploadParams.from_properties(cluster)
+        self.ctrl_params = ControllerParams.from_properties(cluster)
+        self.space_params = SpaceParams.from_properties(cluster)
+        self.fixed_shares = fixed_shares
+        self.max_bandwidth = max_upload_bandwidth
+        self.max_concurrency = max_upload_concurrency or int(
+            cluster["cloud_storage_max_connections"] or 1)
+        self.gc = GarbageCollector(self.mstore,
+                                   grace_ms=int(cluster["cloud_storage_gc_grace_period_ms"] or 0))
+        self.facts = SegmentFacts()
+        self.limiter = TokenBucket(None, sleep=sleep)
+        self._ctrl_state = ControllerState.initial(self.ctrl_params)
+        self._ctrl_output = ControllerOutput(0.0, fixed_shares or self._ctrl_state.shares, 0.0,
+                                             False)
+        self._budget = self._budget_for(self._ctrl_output.shares)
+        self._space_cursor = 0
+        self._lock = threading.RLock()  # partitions dict, stats, controller state
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._topic_manifests: dict[str, TopicManifest] = {}
+        self._stats = ArchiverStats(controller_shares=self._ctrl_output.shares)
+        self._local = LocalLog(config.log_dirs)
+        self._adopt()
+
+    # -- discovery -------------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def scan(self) -> None:
+        """Re-read the log dirs: new partitions are adopted, vanished ones dropped, and every
+        partition's segments, high watermark and term refreshed."""
+        with self._lock:
+            self._local.scan()
+            self._adopt()
+            self.facts.forget_missing()
+
+    def _adopt(self) -> None:
+        found = {p.tp: p for p in self._local}
+        for tp in list(self._partitions):
+            if tp not in found:
+                log.info("%s: partition left the log dirs", tp)
+                del self._partitions[tp]
+        for tp, part in found.items():
+            term = self.term_override if self.term_override is not None else term_of(part)
+            state = self._partitions.get(tp)
+            revision = revision_of(part)
+            if state is None or state.revision != revision:
+                cursor = ArchivalCursor(None, None, self._now_ms())
+                self._partitions[tp] = _Partition(part, revision, term, cursor)
+                log.debug("%s: archiving as revision %s, term %d", tp, revision, term)
+            else:
+                state.log, state.term = part, term
+
+    def _states(self, topic: str | None = None) -> list[_Partition]:
+        with self._lock:
+            return [s for tp, s in sorted(self._partitions.items())
+                    if topic is None or tp.topic == topic]
+
+    # -- uploads ---------------------------------------------------------------------------------
+
+    def upload_round(self) -> PassReport:
+        """Upload what is eligible in every partition and commit the manifests."""
+        budget = self._budget
+        self.limiter.set_rate(budget.bandwidth_bytes_per_s)
+        states = self._states()
+        report = PassReport()
+        with ThreadPoolExecutor(budget.concurrency, thread_name_prefix="archiver") as parts, \
+                ThreadPoolExecutor(budget.concurrency, thread_name_prefix="upload") as objects:
+            futures = [parts.submit(self._upload_partition, s, objects.submit) for s in states]
+            report.partitions.extend(fut.result() for fut in futures)
+        self._save_topic_manifests(states, report)
+        return report
+
+    def _upload_partition(self, state: _Partition, submit: Any) -> PartitionReport:
+        tp = state.tp
+        with state.lock:
+            try:
+                tc = self.config.topic_config(tp.topic)
+            except TieredError as err:
+                return PartitionReport(tp.topic, tp.partition, decision="error", error=str(err))
+            if not tc.remote_write:
+                return PartitionReport(tp.topic, tp.partition, decision="remote_write_off")
+            if state.fenced_by is not None and state.term <= state.fenced_by:
+                return PartitionReport(
+                    tp.topic, tp.partition, decision="fenced",
+                    error=f"fenced: the manifest was written by term {state.fenced_by}, this "
+                    f"writer has term {state.term}")
+            try:
+                snapshot = snapshot_of(state.log, self.facts)
+            except (TieredError, OSError) as err:
+                return PartitionReport(tp.topic, tp.partition, decision="error",
+                                       error=f"reading the local log: {err}")
+            out = archive_partition(
+                state.target(), self.mstore, state.cursor, snapshot, self.upload_params,
+                self._now_ms(), submit=submit, limiter=self.limiter,
+                index_interval_bytes=tc.index_interval_bytes)
+            if out.fenced:
+                state.fenced_by = self._fencing_term(state)
+        self._count_upload(out)
+        return PartitionReport(tp.topic, tp.partition, out.uploaded_segments,
+                               out.uploaded_bytes, out.decision, out.error)
+
+    def _fencing_term(self, state: _Partition) -> int:
+        try:
+            m, _ = self.mstore.load(state.tp.topic, state.tp.partition, state.revision)
+        except TieredError:
+            return state.term
+        return m.term
+
+    def _count_upload(self, out: UploadOutcome) -> None:
+        with self._lock:
+            s = self._stats
+            s.uploaded_bytes_total += out.uploaded_bytes
+            s.uploaded_segments_total += out.uploaded_segments
+            s.upload_errors_total += out.upload_errors
+            s.commits_total += out.commits
+            s.commit_conflicts_total += out.conflicts
+
+    def _save_topic_manifests(self, states: list[_Partition], report: PassReport) -> None:
+        """Write each archived topic's manifest the first time and whenever its settings
+        change (recovery enumerates topics by these)."""
+        topics: dict[tuple[str, str], int] = {}
+        for s in states:
+            m = s.cursor.manifest
+            if s.cursor.loaded and m is not None and m.last_offset >= 0:
+                key = (s.tp.topic, s.revision)
+                topics[key] = max(topics.get(key, 0), s.tp.partition + 1)
+        for (topic, revision), count in sorted(topics.items()):
+            try:
+                tm = TopicManifest.from_topic_config(
+                    self.config.topic_config(topic), revision=revision, partition_count=count)
+                if self._topic_manifests.get(topic) != tm:
+                    save_topic_manifest(self.store, tm)
+                    self._topic_manifests[topic] = tm
+            except TieredError as err:
+                report.errors.append(f"{topic}: saving the topic manifest: {err}")
+
+    # -- remote retention and garbage collection -------------------------------------------------
+
+    def housekeeping(self) -> PassReport:
+        """Remote retention, replaced-segment and archived-manifest GC and orphan GC for every
+        partition of a remote-write topic."""
+        report = PassReport()
+        for state in self._states():
+            row = self._housekeep_partition(state, report)
+            if row is not None:
+                report.partitions.append(row)
+        with self._lock:
+            self._stats.remote_deleted_objects_total += report.deleted_remote_objects
+        return report
+
+    def _housekeep_partition(self, state: _Partition, report: PassReport
+                             ) -> PartitionReport | None:
+        tp = state.tp
+        row = PartitionReport(tp.topic, tp.partition, decision="housekept")
+        with state.lock:
+            try:
+                tc = self.config.topic_config(tp.topic)
+                if not tc.remote_write or (state.fenced_by is not None
+                                           and state.term <= state.fenced_by):
+                    return None
+                cursor = state.cursor
+                m = head(cursor, self.mstore, state.target())
+                limits = None
+                if tc.remote_retention_applies:
+                    limits = RetentionLimits(tc.retention_ms, tc.retention_bytes)
+                out = self.gc.housekeep(m, cursor.etag, term=state.term,
+                                        limits=limits, now_ms=self._now_ms())
+            except StaleTerm as err:
+                state.fenced_by = self._fencing_term(state)
+                row.decision, row.error = "fenced", str(err)
+                return row
+            except ManifestConflict as err:
+                state.cursor.loaded = False
+                row.decision, row.error = "error", f"{err} (retried next pass)"
+                return row
+            except (TieredError, OSError) as err:
+                state.cursor.loaded = False
+                row.decision, row.error = "error", f"{type(err).__name__}: {err}"
+                return row
+            cursor.manifest, cursor.etag = out.manifest, out.etag
+        report.deleted_remote_objects += out.deleted_objects
+        with self._lock:
+            self._stats.commits_total += out.commits
+        if out.errors:
+            row.error = "; ".join(out.errors)
+        if out.new_start_offset is not None:
+            row.detail = f"remote start offset now {out.new_start_offset}"
+        return row
+
+    # -- local retention -------------------------------------------------------------------------
+
+    def _views(self, states: list[_Partition]) -> tuple[list[PartitionView], dict[
+            TopicPartition, LogSnapshot], list[PartitionReport]]:
+        views: list[PartitionView] = []
+        snaps: dict[TopicPartition, LogSnapshot] = {}
+        failed: list[PartitionReport] = []
+        for s in states:
+            try:
+                snap = snapshot_of(s.log, self.facts)
+                tc = self.config.topic_config(s.tp.topic)
+                m = s.cursor.manifest if s.cursor.loaded else None
+                uploaded = None if m is None or m.last_offset < 0 else m.last_offset
+                views.append(partition_view(s.tp.topic, s.tp.partition, snap, tc, uploaded))
+                snaps[s.tp] = snap
+            except (TieredError, OSError) as err:
+                failed.append(PartitionReport(s.tp.topic, s.tp.partition, decision="error",
+                                              error=f"local log: {err}"))
+        return views, snaps, failed
+
+    @contextmanager
+    def _all_locked(self, states: list[_Partition]) -> Iterator[None]:
+        with ExitStack() as stack:
+            for s in states:  # sorted by partition: one global order, no lock cycles
+                stack.enter_context(s.lock)
+            yield
+
+    def local_retention(self) -> PassReport:
+        """Enforce mode: delete local segments a committed manifest covers, by the local
+        targets and the space-management phases. Advise mode: report only. Either way the
+        disk alert state is updated."""
+        states = self._states()
+        enforcing = self.config.log_retention_mode == "enforce"
+        report = PassReport()
+        disk = combined_disk(self.config.log_dirs, self.disk_usage)
+        with self._all_locked(states):
+            views, _, failed = self._views(states)
+            now = self._now_ms()
+            if enforcing:
+                dirs = {(s.tp.topic, s.tp.partition): s.log.dir for s in states}
+                result = enforce(views, dirs, disk, self.space_params, now,
+                                 cursor=self._space_cursor)
+                self._space_cursor = result.next_cursor
+            else:
+                interval = int(self.config.cluster["cloud_storage_housekeeping_interval_ms"] or 0)
+                segment = int(self.config.cluster["log_segment_size"] or 0)
+                result = advise_only(views, now, margin_ms=2 * interval, margin_bytes=segment)
+        report.partitions = self._retention_rows(views, result, enforcing) + failed
+        report.errors = list(result.errors)
+        report.deleted_local_segments = len(result.deleted)
+        with self._lock:
+            self._stats.local_deleted_segments_total += len(result.deleted)
+            self._stats.disk_alert_state = int(
+                disk_alert_state(disk.total_bytes, disk.free_bytes, self.space_params))
+        if result.deleted:
+            self.scan()
+        return report
+
+    def _retention_rows(self, views: list[PartitionView], result: LocalRetentionResult,
+                        enforcing: bool) -> list[PartitionReport]:
+        deleted: dict[tuple[str, int], int] = {}
+        for d in result.deleted:
+            deleted[(d.topic, d.partition)] = deleted.get((d.topic, d.partition), 0) + 1
+        advice = {(a.topic, a.partition): a for a in result.advice}
+        rows = []
+        for v in views:
+            row = PartitionReport(v.topic, v.partition,
+                                  decision="local_retention" if enforcing else "advise",
+                                  safe_to_delete_below=safe_delete_below(v))
+            if not v.remote_write:
+                row.decision = "remote_write_off"
+            elif enforcing:
+                row.detail = f"deleted {deleted.get((v.topic, v.partition), 0)} segment(s)"
+            elif (a := advice.get((v.topic, v.partition))) is not None and a.at_risk:
+                row.detail = (f"at risk: {a.unuploaded_bytes} bytes not yet uploaded are close "
+                              "to the broker's retention")
+            rows.append(row)
+        return rows
+
+    # -- controller ------------------------------------------------------------------------------
+
+    def _budget_for(self, shares: int) -> UploadBudget:
+        return controller.upload_budget(shares, self.ctrl_params,
+                                        max_bandwidth_bytes_per_s=self.max_bandwidth,
+                                        max_concurrency=self.max_concurrency)
+
+    def update_controller(self) -> ControllerOutput:
+        """Recompute the backlog (local bytes not yet in a committed manifest), the PD
+        controller's shares (or the fixed ones) and the upload budget they buy."""
+        states = self._states()
+        views, _, _ = self._views(states)
+        backlog = upload_backlog_bytes(views)
+        disk = combined_disk(self.config.log_dirs, self.disk_usage)
+        with self._lock:
+            out, self._ctrl_state = controller.update(
+                self.ctrl_params, self._ctrl_state, backlog, disk.free_bytes, self._now_ms())
+            if self.fixed_shares is not None:
+                out = ControllerOutput(out.error, self.fixed_shares, out.backlog_ratio,
+                                       out.updated)
+            self._ctrl_output = out
+            self._budget = self._budget_for(out.shares)
+            s = self._stats
+            s.pending_bytes = backlog
+            s.pending_bytes_by_partition = {(v.topic, v.partition): upload_backlog_bytes([v])
+                                            for v in views}
+            s.backlog_ratio, s.controller_error = out.backlog_ratio, out.error
+            s.controller_shares = out.shares
+            s.disk_alert_state = int(
+                disk_alert_state(disk.total_bytes, disk.free_bytes, self.space_params))
+        return out
+
+    @property
+    def budget(self) -> UploadBudget:
+        """The upload budget the next round uses."""
+        return self._budget
+
+    # -- whole passes and reporting --------------------------------------------------------------
+
+    def run_once(self) -> PassReport:
+        """One full pass: scan, controller, uploads, housekeeping, local retention."""
+        self.scan()
+        self.update_controller()
+        report = self.upload_round()
+        report = report.merge(self.housekeeping())
+        return report.merge(self.local_retention())
+
+    def describe(self, topic: str | None = None) -> list[dict[str, Any]]:
+        """Rows for `tiered describe-storage` (JSON field names as documented); a partition
+        whose manifest cannot be read gets an `error` in its `remote` part."""
+        states = self._states(topic)
+        errors: dict[TopicPartition, str] = {}
+        for s in states:  # the manifests first: the views' safe offsets depend on them
+            with s.lock:
+                try:
+                    head(s.cursor, self.mstore, s.target())
+                except TieredError as err:
+                    errors[s.tp] = str(err)
+        views, snaps, _ = self._views(states)
+        by_tp = {(v.topic, v.partition): v for v in views}
+        return [
+            storage_row(s.log, snaps.get(s.tp), by_tp.get((s.tp.topic, s.tp.partition)),
+                        s.cursor.manifest if s.cursor.loaded else None, errors.get(s.tp))
+            for s in states
+        ]
+
+    def snapshot(self) -> ArchiverStats:
+        """A consistent copy of the counters and gauges, for a metrics scrape."""
+        with self._lock:
+            s = self._stats
+            stats = getattr(self.store, "stats", None)
+            retry = stats.snapshot() if stats is not None and hasattr(stats, "snapshot") else {}
+            return ArchiverStats(
+                **{**s.__dict__,
+                   "pending_bytes_by_partition": dict(s.pending_bytes_by_partition),
+                   "store_retry_stats": dict(retry)})
+
+    def close(self) -> None:
+        """Nothing to release but the store, which the caller opened and closes."""
+        with self._lock:
+            self._partitions.clear()
+

@@ -1,0 +1,458 @@
+"""One partition's upload round: plan, verify, upload the objects, then commit the manifest.
+
+Order of effects (DESIGN invariants 1, 3, 5, 6):
+
+1. `upload_policy.plan_uploads` picks the candidates (closed segments past the manifest, below
+   the stable end, oldest first; the active segment's stable prefix on idle timeout);
+2. each candidate is verified (every batch header walked with its CRC-32C) *before* anything
+   is uploaded: a corrupt segment stops the partition's round there, the candidates before it
+   go on, the ones after it wait;
+3. the index objects and then the segment object go up (in parallel across candidates,
+   through the caller's executor and bandwidth limiter); the store's tenacity policy retries
+   transient faults and a failed upload is never recorded;
+4. only then the manifest is committed with If-Match. A lost race re-reads the head and adds
+   the already uploaded objects to it when they still continue it exactly, otherwise the
+   round ends and the next one re-plans (never an overwrite); a newer term fences the writer.
+
+Objects uploaded by a round that then fails to commit are named by offsets and writer term,
+so a retry in the same term writes the same key with the same bytes, and the garbage
+collector (`archiver.retention`) deletes the ones no manifest ever names after the grace period.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import crc32c
+
+from archiver.bandwidth import TokenBucket
+from archiver.upload_policy import (
+    DECISION_LOG_LEVEL,
+    ActiveSegment,
+    ArchivalState,
+    LocalSegment,
+    LogSnapshot,
+    UploadCandidate,
+    UploadDecision,
+    UploadKind,
+    UploadParams,
+    plan_uploads,
+)
+from manifests import keys, ops
+from manifests.commit import ManifestStore
+from manifests.errors import ManifestConflict, StaleTerm
+from manifests.manifest import PartitionManifest
+from manifests.model import SegmentMeta
+from tiered.errors import CorruptSegmentError, TieredError
+from tiered.index import NO_TIMESTAMP
+from tiered.local_log import PartitionLog
+from tiered.records import BatchHeader, iter_batch_headers
+from tiered.segment import LogFile, Segment, build_indexes
+from tiered.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: bytes read at a time when checksumming a segment file
+CHECKSUM_CHUNK_BYTES = 1 << 20
+#: commits tried in one round when other writers of the same term keep winning the race
+COMMIT_ATTEMPTS = 3
+#: index files that travel beside a segment object, by `manifests.keys` kind
+INDEX_KINDS = ("index", "timeindex", "txnindex")
+
+
+class Submit(Protocol):
+    """`ThreadPoolExecutor.submit`, narrowed to what the uploader needs."""
+
+    def __call__(self, fn: Callable[[], T], /) -> Future[T]: ...
+
+
+@dataclass(frozen=True)
+class PartitionTarget:
+    """Who is archiving what: the partition's log snapshot, its bucket revision, and the
+    writer's term (fences older writers; part of every object key it writes)."""
+
+    log: PartitionLog
+    revision: str
+    term: int
+
+    @property
+    def topic(self) -> str:
+        return self.log.topic
+
+    @property
+    def partition(self) -> int:
+        return self.log.partition
+
+
+@dataclass
+class ArchivalCursor:
+    """The archiver's memory of one partition between rounds: the committed manifest and its
+    ETag (None until loaded), and when the last upload finished (the idle timer)."""
+
+    manifest: PartitionManifest | None
+    etag: str | None
+    last_upload_ms: int
+    loaded: bool = False
+
+
+@dataclass
+class UploadOutcome:
+    """What one round did for one partition (the service turns it into a PartitionReport)."""
+
+    decision: str
+    uploaded_segments: int = 0
+    uploaded_bytes: int = 0
+    error: str | None = None
+    commits: int = 0
+    conflicts: int = 0
+    upload_errors: int = 0
+    fenced: bool = False
+    committed_keys: list[str] = field(default_factory=list)
+
+
+# -- the local log as the policy sees it ---------------------------------------------------------
+
+
+class SegmentFacts:
+    """Last offset and max timestamp of closed segments, cached by (path, size, mtime): a
+    closed segment is immutable, so each one is read once however many rounds see it."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, int, int], tuple[int, int]] = {}
+
+    def local_segment(self, seg: Segment, next_base: int | None = None) -> LocalSegment:
+        """The policy's view of closed segment `seg`. A segment too damaged to read its tail
+        is described by its neighbours (it ends before `next_base`) so that the uploader
+        reaches it, verifies it and refuses it with the exact position, instead of the whole
+        partition failing here."""
+        st = seg.log_path.stat()
+        key = (str(seg.log_path), st.st_size, st.st_mtime_ns)
+        mtime_ms = st.st_mtime_ns // 1_000_000
+        facts = self._known.get(key)
+        if facts is None:
+            try:
+                last = seg.last_offset()
+                max_ts = seg.max_timestamp()
+            except CorruptSegmentError as err:
+                if next_base is None:
+                    raise
+                log.debug("%s: unreadable tail (%s); verification will report it",
+                          seg.log_path, err)
+                facts = (next_base - 1, mtime_ms)
+            else:
+                facts = (
+                    seg.base_offset - 1 if last is None else last,
+                    # Kafka falls back to the file's mtime for a segment without timestamps
+                    mtime_ms if max_ts is None else max_ts,
+                )
+                self._known[key] = facts
+        paths = tuple(str(p) for p in (seg.log_path, seg.index_path, seg.timeindex_path))
+        return LocalSegment(seg.base_offset, facts[0], st.st_size, facts[1], paths)
+
+    def forget_missing(self) -> None:
+        """Drop entries of files that are gone (deleted by retention)."""
+        self._known = {k: v for k, v in self._known.items() if os.path.exists(k[0])}
+
+
+def snapshot_of(part: PartitionLog, facts: SegmentFacts) -> LogSnapshot:
+    """The partition's log for the upload policy. Without a replication-offset-checkpoint (a
+    log written by tiered's own writer, no broker) the log end offset stands in for the high
+    watermark: every appended record is then committed."""
+    segs = part.segments
+    closed = tuple(facts.local_segment(s, segs[i + 1].base_offset)
+                   for i, s in enumerate(part.closed_segments))
+    active_seg = part.active_segment
+    active = None
+    if active_seg is not None:
+        active = ActiveSegment(active_seg.base_offset, active_seg.size(),
+                               (str(active_seg.log_path),))
+    hw = part.high_watermark
+    if hw is None:
+        hw = part.log_end_offset() or 0
+    return LogSnapshot(closed, active, hw)
+
+
+# -- verification and object bytes ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedUpload:
+    """A verified candidate, ready to go: the object's metadata and how to produce its bytes."""
+
+    candidate: UploadCandidate
+    meta: SegmentMeta
+    #: the object: a whole closed `.log` file to stream, or the bytes of a range
+    body: Path | bytes
+    #: index kind -> file to stream (closed segment with valid indexes) or bytes (rebuilt)
+    indexes: dict[str, Path | bytes]
+
+
+def _file_crc(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(CHECKSUM_CHUNK_BYTES):
+            crc = crc32c.crc32c(chunk, crc)
+    return crc
+
+
+def _timestamps(headers: Sequence[BatchHeader]) -> tuple[int, int]:
+    base = headers[0].first_timestamp if headers else NO_TIMESTAMP
+    top = max((h.max_timestamp for h in headers), default=NO_TIMESTAMP)
+    base = max(base, NO_TIMESTAMP)
+    return base, max(top, base)
+
+
+def _meta(
+    target: PartitionTarget, cand: UploadCandidate, size: int, crc: int, base_ts: int,
+    max_ts: int,
+) -> SegmentMeta:
+    epoch = target.log.epoch_for_offset(cand.begin_inclusive)
+    return SegmentMeta(
+        base_offset=cand.begin_inclusive,
+        last_offset=cand.last_offset,
+        base_timestamp=base_ts,
+        max_timestamp=max(max_ts, base_ts),
+        size_bytes=size,
+        segment_term=max(0, epoch if epoch is not None else target.term),
+        writer_term=target.term,
+        checksum=crc,
+    )
+
+
+def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes: int
+            ) -> PreparedUpload:
+    """Verify one candidate and work out its object. Raises CorruptSegmentError (file and
+    byte position) when a batch fails its CRC or the offsets do not match the plan."""
+    log_path = Path(cand.paths[0])
+    seg = Segment.from_log_path(log_path, active=cand.kind is UploadKind.STABLE_PREFIX)
+    if cand.kind is UploadKind.SEGMENT:
+        indexes_ok = True
+        try:
+            summary = seg.verify(check_indexes=True)
+        except CorruptSegmentError as err:
+            if err.path == str(log_path):
+                raise
+            log.warning("%s: index unusable (%s); uploading rebuilt indexes", log_path, err)
+            indexes_ok = False
+            summary = seg.verify(check_indexes=False)
+        if summary.last_offset != cand.last_offset:
+            raise CorruptSegmentError(
+                f"last offset {summary.last_offset} does not match the {cand.last_offset} "
+                "planned from its index", path=str(log_path), position=summary.size)
+        size = log_path.stat().st_size
+        base_ts = NO_TIMESTAMP if summary.first_timestamp is None else summary.first_timestamp
+        max_ts = NO_TIMESTAMP if summary.max_timestamp is None else summary.max_timestamp
+        meta = _meta(target, cand, size, _file_crc(log_path), max(base_ts, NO_TIMESTAMP), max_ts)
+        indexes: dict[str, Path | bytes] = {}
+        if indexes_ok and seg.index_path.exists() and seg.timeindex_path.exists():
+            indexes = {"index": seg.index_path, "timeindex": seg.timeindex_path}
+        else:
+            offset_index, time_index = seg.rebuild_indexes(
+                index_interval_bytes=index_interval_bytes)
+            indexes = {"index": offset_index, "timeindex": time_index}
+        if seg.txnindex_path.exists() and seg.txnindex_path.stat().st_size > 0:
+            indexes["txnindex"] = seg.txnindex_path
+        return PreparedUpload(cand, meta, log_path, indexes)
+
+    # a byte range: the suffix of a closed segment, or the stable prefix of the active one
+    begin = cand.byte_begin_inclusive
+    if begin is None:
+        header = seg.find_offset(cand.begin_inclusive)
+        if header is None or header.base_offset != cand.begin_inclusive:
+            raise CorruptSegmentError(
+                f"no batch starts at offset {cand.begin_inclusive}, where the manifest ends",
+                path=str(log_path))
+        begin = header.position
+    with LogFile(log_path, active=False) as f:
+        data = f.read(begin, cand.byte_end_exclusive - begin)
+    if len(data) != cand.byte_end_exclusive - begin:
+        raise CorruptSegmentError("file is shorter than the planned range", path=str(log_path),
+                                  position=begin + len(data))
+    try:
+        headers = list(iter_batch_headers(data, path=str(log_path)))
+    except CorruptSegmentError as err:
+        raise err.at(path=str(log_path), base_position=begin) from None
+    if not headers or headers[0].base_offset != cand.begin_inclusive or (
+        headers[-1].last_offset != cand.last_offset
+    ):
+        raise CorruptSegmentError(
+            f"bytes {begin}..{cand.byte_end_exclusive} do not hold offsets "
+            f"{cand.begin_inclusive}..{cand.last_offset}", path=str(log_path), position=begin)
+    base_ts, max_ts = _timestamps(headers)
+    meta = _meta(target, cand, len(data), crc32c.crc32c(data), base_ts, max_ts)
+    offset_index, time_index = build_indexes(
+        data, base_offset=cand.begin_inclusive, index_interval_bytes=index_interval_bytes,
+        path=str(log_path))
+    return PreparedUpload(cand, meta, data, {"index": offset_index, "timeindex": time_index})
+
+
+def object_keys(m: PartitionManifest, meta: SegmentMeta) -> dict[str, str]:
+    """Keys of a segment object and every index kind beside it ("log" for the segment)."""
+    out = {"log": m.segment_key(meta)}
+    for kind in INDEX_KINDS:
+        out[kind] = keys.object_key(m.topic, m.partition, m.revision,
+                                    keys.index_name(meta.object_name, kind))
+    return out
+
+
+def upload(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
+           limiter: TokenBucket) -> int:
+    """Put the index objects, then the segment object; returns the bytes sent. Raises the
+    store's error after its retries are spent: the caller then records nothing."""
+    where = object_keys(m, prep.meta)
+    sent = 0
+    # indexes first: a segment object in the bucket always has its indexes beside it
+    for kind, source in [*prep.indexes.items(), ("log", prep.body)]:
+        size = source.stat().st_size if isinstance(source, Path) else len(source)
+        limiter.acquire(size)
+        if isinstance(source, Path):
+            store.put_file(where[kind], source)
+        else:
+            store.put(where[kind], source)
+        sent += size
+    return sent
+
+
+# -- the round ----------------------------------------------------------------------------------
+
+
+def head(cursor: ArchivalCursor, mstore: ManifestStore, target: PartitionTarget
+         ) -> PartitionManifest:
+    """The committed head manifest the cursor holds, read from the bucket when it holds none
+    (first use, or after a fault made it doubt what it knew)."""
+    if not cursor.loaded or cursor.manifest is None:
+        cursor.manifest, cursor.etag = mstore.load(target.topic, target.partition,
+                                                   target.revision)
+        cursor.loaded = True
+    return cursor.manifest
+
+
+def _active_batches(target: PartitionTarget) -> list[BatchHeader]:
+    active = target.log.active_segment
+    if active is None:
+        return []
+    with LogFile(active.log_path, active=True) as f:
+        return list(f.headers())
+
+
+def archive_partition(
+    target: PartitionTarget,
+    mstore: ManifestStore,
+    cursor: ArchivalCursor,
+    snapshot: LogSnapshot,
+    params: UploadParams,
+    now_ms: int,
+    *,
+    submit: Submit,
+    limiter: TokenBucket,
+    index_interval_bytes: int,
+) -> UploadOutcome:
+    """One upload round for one partition; updates `cursor` with what it committed. Raises
+    only for programming errors: every partition fault comes back as an `UploadOutcome`."""
+    out = UploadOutcome("up_to_date")
+    try:
+        m = ops.with_term(head(cursor, mstore, target), target.term)
+        _run(target, mstore, cursor, m, snapshot, params, now_ms, submit, limiter,
+             index_interval_bytes, out)
+    except StaleTerm as err:
+        out.decision, out.error, out.fenced = "fenced", str(err), True
+        cursor.loaded = False
+    except CorruptSegmentError as err:
+        out.decision, out.error = "corrupt_segment", str(err)
+    except (TieredError, OSError) as err:
+        out.decision, out.error = "error", f"{type(err).__name__}: {err}"
+        cursor.loaded = False  # re-read the head next round: we may not know where it is
+    level = logging.WARNING if out.error else logging.DEBUG
+    log.log(level, "%s/%d: %s%s", target.topic, target.partition, out.decision,
+            f" ({out.error})" if out.error else "")
+    return out
+
+
+def _run(
+    target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,
+    m: PartitionManifest, snapshot: LogSnapshot, params: UploadParams, now_ms: int,
+    submit: Submit, limiter: TokenBucket, index_interval_bytes: int, out: UploadOutcome,
+) -> None:
+    state = ArchivalState(None if m.last_offset < 0 else m.last_offset, cursor.last_upload_ms)
+    plan = plan_uploads(snapshot, state, params, now_ms)
+    if plan.decision is UploadDecision.NEEDS_ACTIVE_BATCHES:
+        plan = plan_uploads(snapshot, state, params, now_ms, _active_batches(target))
+    log.log(DECISION_LOG_LEVEL[plan.decision], "%s/%d: %s: %s", target.topic,
+            target.partition, plan.decision.value, plan.detail)
+    if plan.decision is not UploadDecision.UPLOAD:
+        out.decision = plan.decision.value
+        if plan.decision in (UploadDecision.GAP, UploadDecision.OVERLAP,
+                             UploadDecision.MANIFEST_AHEAD):
+            out.error = plan.detail
+        return
+
+    prepared: list[PreparedUpload] = []
+    corrupt: CorruptSegmentError | None = None
+    for cand in plan.candidates:
+        try:
+            prepared.append(prepare(target, cand, index_interval_bytes))
+        except CorruptSegmentError as err:
+            corrupt = err  # this one is refused, the later ones wait behind it
+            break
+    futures = [submit(functools.partial(upload, mstore.store, m, p, limiter)) for p in prepared]
+    done: list[SegmentMeta] = []
+    sent: dict[str, int] = {}  # object name -> bytes of it and its indexes
+    failure: BaseException | None = None
+    for prep, fut in zip(prepared, futures, strict=True):
+        try:
+            sent[prep.meta.object_name] = fut.result()
+        except (TieredError, OSError) as err:
+            failure = failure or err
+            out.upload_errors += 1
+            continue
+        if failure is None:  # only a contiguous run from the manifest's end is recordable
+            done.append(prep.meta)
+    if done:
+        committed = _commit(target, mstore, cursor, m, done, out)
+        cursor.last_upload_ms = now_ms
+        out.uploaded_segments = len(committed)
+        out.uploaded_bytes = sum(sent[s.object_name] for s in committed)
+        out.decision = "uploaded"
+    if corrupt is not None:
+        out.decision, out.error = "corrupt_segment", str(corrupt)
+    elif failure is not None:
+        out.decision, out.error = "error", f"upload failed: {failure}"
+
+
+def _commit(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,
+            m: PartitionManifest, metas: list[SegmentMeta], out: UploadOutcome
+            ) -> list[SegmentMeta]:
+    """Add `metas` to the head by compare-and-swap. On a lost race, continue from the fresh
+    head when the uploaded objects still continue it exactly; otherwise give up the round."""
+    etag = cursor.etag
+    for _ in range(COMMIT_ATTEMPTS):
+        try:
+            result = mstore.commit(ops.add_segments(m, metas), etag)
+        except ManifestConflict as conflict:
+            out.conflicts += 1
+            fresh = conflict.current or PartitionManifest.new(
+                target.topic, target.partition, target.revision)
+            m, etag = ops.with_term(fresh, target.term), conflict.etag
+            cursor.manifest, cursor.etag = fresh, etag
+            metas = [s for s in metas if s.base_offset >= m.next_offset]
+            empty = m.last_offset == -1 and not m.segments and not m.archives
+            if not metas or (metas[0].base_offset != m.next_offset and not empty):
+                raise TieredError(
+                    f"{target.topic}/{target.partition}: another writer changed the manifest; "
+                    "its uploads no longer continue it and will be re-planned") from None
+            continue
+        cursor.manifest, cursor.etag = result.manifest, result.etag
+        out.commits += 1
+        out.committed_keys = [result.manifest.segment_key(s) for s in metas]
+        return metas
+    raise TieredError(f"{target.topic}/{target.partition}: lost the manifest race "
+                      f"{COMMIT_ATTEMPTS} times in a row")

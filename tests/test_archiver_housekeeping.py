@@ -1,0 +1,197 @@
+"""Remote retention and garbage collection against moto (DESIGN invariants 7 and 8): retention
+by time, by size and both (the larger removal wins), over archived manifests too; the start
+offset moves first and objects go only after the grace period; orphans a crash left behind
+are found and deleted once older than the grace period, and nothing referenced ever is."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_archiver_e2e import Clock, Disk, drain, load_manifest, make_config, write_partition
+
+from archiver.retention import retention_start_offset
+from archiver.service import Archiver
+from archiver.space import RetentionLimits
+from manifests import keys
+from manifests.manifest import PartitionManifest
+from manifests.model import SegmentMeta
+from tiered.store.base import ObjectStore
+
+HOUR_MS = 3_600_000
+#: old segments in the spillover test: enough rows to push a 1 KiB head into archives
+OLD = 45
+GRACE_MS = 60_000
+#: one batch of 4 x 300-byte records per segment (segments roll at 1500 bytes)
+ONE_BATCH_SEGMENTS = 1500
+
+
+def data_keys(store: ObjectStore, m: PartitionManifest) -> set[str]:
+    return {i.key for i in store.list(keys.partition_data_prefix(m.topic, m.partition,
+                                                                 m.revision))}
+
+
+def segment_size(tmp: Path) -> int:
+    """Size of one of the identical one-batch segments `archived` writes."""
+    write_partition(tmp, "probe", 0, batches=2, segment_bytes=ONE_BATCH_SEGMENTS)
+    return (tmp / "probe-0" / f"{0:020d}.log").stat().st_size
+
+
+def archived(
+    tmp_path: Path, store: ObjectStore, *, old: int, new: int,
+    cluster: dict[str, Any] | None = None, topic: dict[str, Any] | None = None,
+) -> tuple[Archiver, Clock, Path]:
+    """`old` two-hour-old batches then `new` current ones, one per segment, all uploaded."""
+    clock = Clock(time.time())  # object mtimes come from the store's real clock
+    config = make_config(
+        tmp_path, cluster={"cloud_storage_gc_grace_period_ms": GRACE_MS, **(cluster or {})},
+        topics={"orders": topic or {}})
+    log_dir = config.log_dirs[0]
+    now_ms = int(clock() * 1000)
+    write_partition(log_dir, "orders", 0, batches=old, segment_bytes=ONE_BATCH_SEGMENTS,
+                    timestamp_ms=now_ms - 2 * HOUR_MS)
+    write_partition(log_dir, "orders", 0, batches=new, segment_bytes=ONE_BATCH_SEGMENTS,
+                    timestamp_ms=now_ms)
+    archiver = Archiver(config, store, clock=clock, disk_usage=Disk())
+    drain(archiver)
+    return archiver, clock, log_dir
+
+
+def test_retention_by_time_moves_the_start_then_deletes_after_the_grace_period(
+    tmp_path: Path, s3_store: ObjectStore
+) -> None:
+    archiver, clock, log_dir = archived(tmp_path, s3_store, old=5, new=6,
+                                        topic={"retention.ms": HOUR_MS})
+    before = load_manifest(s3_store, log_dir, "orders", 0)
+    first = archiver.housekeeping()
+    assert first.ok and first.deleted_remote_objects == 0
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    assert m.log_start_offset == 5 * 4  # the five two-hour-old segments expired
+    assert len(m.replaced) == 5
+    assert data_keys(s3_store, m) == data_keys(s3_store, before)  # readers may still read
+
+    clock.advance(GRACE_MS / 1000 + 1)
+    second = archiver.housekeeping()
+    assert second.ok
+    assert second.deleted_remote_objects == 5 * 3  # .log, .index, .timeindex of each
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    assert m.replaced == ()
+    live = {name for seg in m.segments for name in (seg.object_name,)}
+    remaining = data_keys(s3_store, m)
+    assert {k.rsplit("/", 1)[1] for k in remaining if k.endswith(".log")} == live
+    assert archiver.snapshot().remote_deleted_objects_total == 15
+
+
+@pytest.mark.parametrize(
+    ("old", "limit_segments", "expected_removed"),
+    [
+        (3, None, 3),  # time alone
+        (0, 4, 6),  # size alone: 10 segments, keep 4
+        (3, 4, 6),  # both: size removes more
+        (8, 4, 8),  # both: time removes more
+    ],
+)
+def test_retention_by_time_size_and_both(
+    tmp_path: Path, s3_store: ObjectStore, old: int, limit_segments: int | None,
+    expected_removed: int,
+) -> None:
+    new = 11 - old  # ten closed segments and the active one
+    topic = {}
+    if limit_segments is not None:  # a topic override on top of the cluster's retention.ms
+        topic = {"retention.bytes": limit_segments * segment_size(tmp_path / "probe")}
+    archiver, _, log_dir = archived(tmp_path, s3_store, old=old, new=new,
+                                    cluster={"log_retention_ms": HOUR_MS}, topic=topic)
+    assert archiver.housekeeping().ok
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    assert m.log_start_offset == expected_removed * 4
+    assert len(m.segments) == 10 - expected_removed
+
+
+def test_retention_counts_archived_manifests_and_gc_deletes_expired_archives(
+    tmp_path: Path, s3_store: ObjectStore
+) -> None:
+    archiver, clock, log_dir = archived(
+        tmp_path, s3_store, old=OLD, new=10,
+        cluster={"cloud_storage_spillover_manifest_size": 1024},
+        topic={"retention.ms": HOUR_MS})
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    assert len(m.archives) == 2, "the history must have spilled into archived manifests"
+    first, second = m.archives
+    assert m.start_offset > OLD * 4  # the expired offsets all sit in the archive region
+    assert archiver.housekeeping().ok
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    assert m.log_start_offset == OLD * 4
+    assert s3_store.exists(m.archive_key(first))  # nothing deleted before the grace period
+
+    clock.advance(GRACE_MS / 1000 + 1)
+    report = archiver.housekeeping()
+    # the wholly expired archive goes with its segments and indexes; the second one still
+    # holds live offsets, so it and its objects stay (archived manifests are immutable)
+    assert report.ok and report.deleted_remote_objects == first.segment_count * 3 + 1
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    assert list(m.archives) == [second]
+    meta_prefix = keys.partition_meta_prefix(m.topic, m.partition, m.revision)
+    assert sorted(i.key for i in s3_store.list(meta_prefix)) == sorted(
+        [m.key, m.archive_key(second)])
+    names = {k.rsplit("/", 1)[1] for k in data_keys(s3_store, m)}
+    assert not [n for n in names if int(n.split("-")[0]) <= first.last_offset]
+    assert keys.segment_name(second.base_offset, second.base_offset + 3, 1) in names
+    # the log still reads from the new start, across the archive boundary
+    assert [s.base_offset for s in archiver.mstore.iter_segments(m)] == list(
+        range(OLD * 4, (OLD + 9) * 4, 4))
+
+
+def test_orphans_are_deleted_after_the_grace_period_referenced_objects_never(
+    tmp_path: Path, s3_store: ObjectStore
+) -> None:
+    archiver, clock, log_dir = archived(tmp_path, s3_store, old=0, new=6)
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
+    # what a crash between upload and commit leaves: a segment and its index, never listed
+    orphan = prefix + keys.segment_name(20, 23, 1)
+    s3_store.put(orphan, b"partial upload")
+    s3_store.put(prefix + keys.index_name(keys.segment_name(20, 23, 1)), b"index")
+    referenced = data_keys(s3_store, m) - {orphan}
+
+    assert archiver.housekeeping().deleted_remote_objects == 0  # too young: maybe in flight
+    assert s3_store.exists(orphan)
+    clock.advance(GRACE_MS / 1000 + 1)
+    assert archiver.housekeeping().deleted_remote_objects == 2
+    assert data_keys(s3_store, m) == referenced - {prefix + keys.index_name(
+        keys.segment_name(20, 23, 1))}
+    assert load_manifest(s3_store, log_dir, "orders", 0).segments == m.segments
+
+
+def _seg(base: int, last: int, size: int, max_ts: int) -> SegmentMeta:
+    return SegmentMeta(base, last, max_ts, max_ts, size, 1, 1, 0)
+
+
+def test_retention_start_offset_is_the_larger_removal() -> None:
+    segs = [_seg(0, 9, 100, 1_000), _seg(10, 19, 100, 2_000), _seg(20, 29, 100, 9_000)]
+    now = 10_000
+    assert retention_start_offset(lambda: segs, RetentionLimits(), now) is None
+    assert retention_start_offset(lambda: segs, RetentionLimits(ms=8_500), now) == 10
+    assert retention_start_offset(lambda: segs, RetentionLimits(bytes=100), now) == 20
+    assert retention_start_offset(lambda: segs, RetentionLimits(ms=8_500, bytes=250), now) == 10
+    assert retention_start_offset(lambda: segs, RetentionLimits(ms=500, bytes=250), now) == 30
+
+
+def test_leftovers_of_a_crash_before_the_first_commit_are_collected(
+    tmp_path: Path, s3_store: ObjectStore
+) -> None:
+    clock = Clock(time.time())
+    config = make_config(tmp_path, cluster={"cloud_storage_gc_grace_period_ms": GRACE_MS})
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=1)  # only the active segment: no commit
+    archiver = Archiver(config, s3_store, clock=clock, disk_usage=Disk())
+    archiver.upload_round()
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    assert m.last_offset == -1 and not s3_store.exists(m.key)
+    leftover = keys.object_key(m.topic, m.partition, m.revision, keys.segment_name(0, 3, 1))
+    s3_store.put(leftover, b"uploaded, then the process was killed")
+    assert archiver.housekeeping().deleted_remote_objects == 0
+    clock.advance(GRACE_MS / 1000 + 1)
+    assert archiver.housekeeping().deleted_remote_objects == 1
+    assert not s3_store.exists(leftover)

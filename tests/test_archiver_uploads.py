@@ -1,0 +1,144 @@
+"""What the uploader sends and when (invariants 3 and 5): a corrupt closed segment is refused
+and reported while other partitions go on; the idle timeout uploads the active segment's
+stable prefix as its own object and the rest follows as a suffix; failed uploads are never
+recorded; the bandwidth limiter holds the configured rate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from faultproxy import FaultProxy
+from test_archiver_e2e import (
+    T0,
+    Clock,
+    Disk,
+    closed_segments,
+    drain,
+    load_manifest,
+    make_config,
+    write_partition,
+)
+
+from archiver.bandwidth import TokenBucket
+from archiver.service import Archiver
+from archiver.upload_policy import PolicyInputError
+from tiered.checkpoints import TopicPartition
+from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.store.base import ObjectStore
+
+
+def test_corrupt_segment_is_refused_later_ones_wait_other_partitions_go_on(
+    tmp_path: Path, s3_store: ObjectStore
+) -> None:
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=18)
+    write_partition(log_dir, "orders", 1, batches=18)
+    bad = closed_segments(log_dir, "orders", 0)[2]
+    data = bytearray(bad.read_bytes())
+    data[200] ^= 0xFF  # inside the first batch's records: its CRC-32C no longer matches
+    bad.write_bytes(bytes(data))
+
+    archiver = Archiver(config, s3_store, clock=Clock(), disk_usage=Disk())
+    for _ in range(2):  # the refusal is stable: a second round neither skips nor uploads it
+        report = archiver.upload_round()
+        rows = {(r.topic, r.partition): r for r in report.partitions}
+        assert not report.ok
+        assert rows[("orders", 0)].decision == "corrupt_segment"
+        assert str(bad) in (rows[("orders", 0)].error or "")
+        assert "byte 0" in (rows[("orders", 0)].error or "")  # the batch starts the file
+        assert rows[("orders", 1)].error is None
+
+    m0 = load_manifest(s3_store, log_dir, "orders", 0)
+    assert m0.last_offset == int(bad.stem) - 1  # the two segments before it, nothing after
+    assert not [o for o in s3_store.list() if f"/{int(bad.stem)}-" in o.key
+                and "/orders/0_" in o.key]
+    m1 = load_manifest(s3_store, log_dir, "orders", 1)
+    assert len(m1.segments) == len(closed_segments(log_dir, "orders", 1))
+    # local retention never trims past the refused segment either
+    [row] = [r for r in archiver.local_retention().partitions if r.partition == 0]
+    assert row.safe_to_delete_below == int(bad.stem)
+
+
+def test_failed_uploads_are_retried_and_never_recorded(
+    tmp_path: Path, proxied_s3_store: Callable[..., ObjectStore], fault_proxy: FaultProxy
+) -> None:
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
+    store = proxied_s3_store()
+    archiver = Archiver(config, store, clock=Clock(), disk_usage=Disk(), max_upload_concurrency=1)
+    # transient faults heal within the store's retries: the segment still goes up once
+    fault_proxy.inject("slowdown", 2, method="PUT", path_contains="0-11-1.log")
+    assert archiver.upload_round().ok
+    assert len(load_manifest(store, log_dir, "orders", 0).segments) == 2
+    assert len(fault_proxy.seen(method="PUT", path_contains="0-11-1.log")) == 3
+
+    write_partition(log_dir, "orders", 0, batches=6)
+    archiver.scan()
+    fault_proxy.inject("internal", 100, method="PUT", path_contains=".log")
+    failed = archiver.upload_round()
+    assert not failed.ok and failed.partitions[0].decision == "error"
+    assert archiver.snapshot().upload_errors_total >= 1
+    assert len(load_manifest(store, log_dir, "orders", 0).segments) == 2
+    fault_proxy.reset()
+    assert drain(archiver) == 1
+    assert len(load_manifest(store, log_dir, "orders", 0).segments) == 4
+
+
+def test_idle_timeout_uploads_the_stable_prefix_then_the_suffix(
+    tmp_path: Path, s3_store: ObjectStore
+) -> None:
+    config = make_config(tmp_path,
+                         cluster={"cloud_storage_segment_max_upload_interval_sec": 60})
+    log_dir = config.log_dirs[0]
+    tp = TopicPartition("orders", 0)
+    # 2 batches of 4 records in the active segment; only the first is below the watermark
+    write_partition(log_dir, "orders", 0, batches=2, segment_bytes=1 << 20, high_watermark=4)
+    active = log_dir / "orders-0" / f"{0:020d}.log"
+    clock = Clock()
+    archiver = Archiver(config, s3_store, clock=clock, disk_usage=Disk())
+    assert archiver.upload_round().partitions[0].uploaded_segments == 0  # not idle yet
+    clock.advance(61)
+    assert archiver.upload_round().partitions[0].uploaded_segments == 1
+
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    [prefix] = m.segments
+    assert (prefix.base_offset, prefix.last_offset) == (0, 3)
+    body = s3_store.get(m.segment_key(prefix))
+    assert body == active.read_bytes()[: len(body)] and 0 < len(body) < active.stat().st_size
+
+    # the broker rolls the segment: what the prefix did not cover follows as a suffix
+    with LogWriter(log_dir / "orders-0", segment_bytes=1 << 20, clock=lambda: T0,
+                   fsync=False) as writer:
+        writer.roll()
+        writer.append([ProducerRecord(b"w" * 100)])
+        end = writer.log_end_offset
+    write_high_watermarks(log_dir, {tp: end}, fsync=False)
+    archiver.scan()
+    assert archiver.upload_round().partitions[0].uploaded_segments == 1
+    m = load_manifest(s3_store, log_dir, "orders", 0)
+    first, suffix = m.segments
+    assert (suffix.base_offset, suffix.last_offset) == (4, 7)
+    assert s3_store.get(m.segment_key(suffix)) == active.read_bytes()[len(body):]
+
+
+def test_token_bucket_holds_the_rate_and_pays_debts() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    bucket = TokenBucket(1000, clock=lambda: now[0], sleep=sleep)
+    assert bucket.acquire(500) == 0  # starts empty, goes into debt without waiting
+    assert bucket.acquire(500) == pytest.approx(0.5)  # waits until the first debt is paid
+    assert bucket.acquire(1000) == pytest.approx(0.5)
+    assert now[0] == pytest.approx(1.0)  # 2000 bytes started within ~1 s at 1000 B/s
+    bucket.set_rate(None)
+    assert bucket.acquire(10**9) == 0
+    with pytest.raises(PolicyInputError):
+        bucket.set_rate(0)

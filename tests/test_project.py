@@ -87,6 +87,14 @@ def test_docker_compose_dev_stack_is_consistent() -> None:
     bucket = config.storage.url.removeprefix("s3://").split("/")[0]
     assert f"local/{bucket}" in bucket_job["entrypoint"]
     assert "http://minio:9000" in bucket_job["entrypoint"]
+    # a one-shot job seeds the log dir the daemon archives, before the daemon starts
+    seed = services["seed-log"]
+    assert daemon["depends_on"]["seed-log"]["condition"] == "service_completed_successfully"
+    seed_script = re.search(r"python (examples/\S+\.py) (\S+?)\"?$", seed["command"].strip())
+    assert seed_script, seed["command"]
+    assert (ROOT / seed_script.group(1)).is_file()
+    assert seed_script.group(2) in {str(d) for d in config.log_dirs}
+    assert {v.split(":")[1] for v in seed["volumes"]} >= {str(d) for d in config.log_dirs}
     # the log dir the daemon reads is the one the compose file mounts
     mounts = {v.split(":")[1] for v in daemon["volumes"] if ":" in v}
     assert {str(d) for d in config.log_dirs} <= mounts
@@ -113,3 +121,17 @@ def test_docker_compose_daemon_config_passes_config_check() -> None:
     result = CliRunner().invoke(cli, ["config", "check", "--config", "examples/minio.toml"])
     assert result.exit_code == 0, result.output
     assert "s3://tiered" in result.output
+
+
+def test_seed_script_writes_a_log_the_local_log_reader_accepts(tmp_path: Path) -> None:
+    from tiered.local_log import LocalLog
+
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "seed_log.py"), str(tmp_path)],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    log = LocalLog([tmp_path])
+    log.scan()
+    partitions = list(log)
+    assert partitions and all(p.closed_segments and p.high_watermark for p in partitions)

@@ -153,6 +153,9 @@ def log_dump(path: Path, records: bool, as_json: bool) -> None:
     if not report.ok:
         sys.exit(1)
 
+# Commands defined elsewhere register themselves on `cli` when imported.
+import tiered.commands  # noqa: E402,F401 - run, archive, describe-storage, demo
+
 
 def main() -> None:
     """Console-script entry point."""
@@ -160,4 +163,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m tiered.cli` runs this file as __main__, a second copy of the module: the
+    # commands registered themselves on `tiered.cli.cli`, so run that one.
+    from tiered.cli import main as _main
+
+    _main()

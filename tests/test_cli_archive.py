@@ -1,0 +1,270 @@
+"""`tiered archive --once` and `tiered describe-storage` through the CLI: exit codes, JSON
+shapes, a corrupt segment (invariants 5 and 9), and refusal of configs without log dirs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tiered.checkpoints import TopicPartition, new_topic_id
+from tiered.cli import cli
+from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.segment import parse_segment_file_name
+
+ROW_KEYS = {"topic", "partition", "high_watermark", "local", "remote", "pending_bytes",
+            "safe_to_delete_below"}
+LOCAL_KEYS = {"start_offset", "last_offset", "size_bytes", "segments"}
+REMOTE_KEYS = {"start_offset", "last_offset", "size_bytes", "segments", "archived_manifests"}
+
+
+def write_log(log_dir: Path, topic: str, partitions: int, batches: int,
+              segment_bytes: int = 4096) -> dict[int, int]:
+    """A log of `batches` 10-record batches per partition with small segments, high
+    watermarks at the log ends; returns partition -> log end offset."""
+    ends = {}
+    topic_id = new_topic_id()  # one topic: every partition shares its id
+    for p in range(partitions):
+        with LogWriter(log_dir / f"{topic}-{p}", segment_bytes=segment_bytes, topic_id=topic_id,
+                       fsync=False) as w:
+            for b in range(batches):
+                w.append([ProducerRecord(f"{topic}-{p}-{b}-{i}".encode() * 8)
+                          for i in range(10)])
+            ends[p] = w.log_end_offset
+    write_high_watermarks(log_dir, {TopicPartition(topic, p): e for p, e in ends.items()},
+                          fsync=False)
+    return ends
+
+
+def write_config(path: Path, url: str, log_dir: Path | None, extra: str = "") -> Path:
+    text = f'[storage]\nurl = "{url}"\n'
+    if log_dir is not None:
+        text += f'[log]\ndirs = ["{log_dir}"]\n'
+    path.write_text(text + extra)
+    return path
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["-q", *args], catch_exceptions=False)
+
+
+def closed_segments(part_dir: Path) -> list[Path]:
+    logs = sorted(p for p in part_dir.iterdir() if parse_segment_file_name(p.name) is not None)
+    return logs[:-1]  # the newest is the active segment
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    log_dir = tmp_path / "log"
+    write_log(log_dir, "orders", 3, 40)
+    config = write_config(tmp_path / "tiered.toml", (tmp_path / "bucket").as_uri(), log_dir)
+    return config, log_dir
+
+
+def _json(result: Result) -> Any:
+    return json.loads(result.stdout)
+
+
+def test_archive_once_uploads_every_closed_segment_and_exits_0(setup: tuple[Path, Path]) -> None:
+    config, log_dir = setup
+    expected = sum(len(closed_segments(log_dir / f"orders-{p}")) for p in range(3))
+    assert expected >= 6
+    uploaded = 0
+    for _ in range(5):  # a pass may bound each partition's uploads; passes converge
+        result = invoke("archive", "--once", "--config", str(config), "--json")
+        assert result.exit_code == 0, result.output
+        report = _json(result)
+        assert report["ok"] is True and report["errors"] == []
+        assert {(p["topic"], p["partition"]) for p in report["partitions"]} == {
+            ("orders", 0), ("orders", 1), ("orders", 2)}
+        if report["uploaded_segments"] == 0:
+            break
+        uploaded += report["uploaded_segments"]
+    assert uploaded == expected
+
+
+def test_archive_once_human_summary(setup: tuple[Path, Path]) -> None:
+    config, _ = setup
+    result = invoke("archive", "--once", "--config", str(config))
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[0].startswith("3 partition(s): uploaded ")
+    assert "retention: deleted 0 object(s)" in result.stdout
+
+
+def test_a_corrupt_segment_fails_the_pass_but_not_the_other_partitions(
+    setup: tuple[Path, Path]
+) -> None:
+    config, log_dir = setup
+    victim = closed_segments(log_dir / "orders-1")[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a record: the batch CRC no longer matches
+    victim.write_bytes(bytes(data))
+
+    result = invoke("archive", "--once", "--config", str(config), "--json")
+    assert result.exit_code == 1
+    report = _json(result)
+    assert report["ok"] is False
+    rows = {p["partition"]: p for p in report["partitions"]}
+    assert rows[1]["decision"] == "corrupt_segment"
+    assert victim.name in rows[1]["error"]
+    # the segment before the corrupt one went up; the corrupt one and later ones wait
+    assert rows[1]["uploaded_segments"] == 1
+    assert rows[0]["uploaded_segments"] > 0 and rows[0]["error"] is None
+    assert rows[2]["uploaded_segments"] > 0 and rows[2]["error"] is None
+    assert "orders-1: corrupt_segment:" in result.stderr
+
+
+def test_archive_needs_once(setup: tuple[Path, Path]) -> None:
+    config, _ = setup
+    result = CliRunner().invoke(cli, ["archive", "--config", str(config)])
+    assert result.exit_code == 2
+    assert "add --once" in result.output
+
+
+@pytest.mark.parametrize("command", [["archive", "--once"], ["describe-storage"], ["run"]])
+def test_commands_refuse_a_config_without_log_dirs(tmp_path: Path, command: list[str]) -> None:
+    config = write_config(tmp_path / "t.toml", (tmp_path / "bucket").as_uri(), None)
+    result = CliRunner().invoke(cli, [*command, "--config", str(config)])
+    assert result.exit_code == 2
+    assert "[log] dirs is not set" in result.stderr
+
+
+def test_archive_once_refuses_a_missing_log_dir(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "t.toml", (tmp_path / "bucket").as_uri(),
+                          tmp_path / "typo")
+    result = CliRunner().invoke(cli, ["archive", "--once", "--config", str(config)])
+    assert result.exit_code == 2
+    assert "typo does not exist or is not a directory" in result.stderr
+
+
+def test_archive_once_against_an_unreachable_store_exits_with_the_store_code(
+    tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "log"
+    write_log(log_dir, "orders", 1, 5)
+    config = tmp_path / "t.toml"
+    config.write_text(
+        '[storage]\nurl = "s3://nowhere"\nendpoint_url = "http://127.0.0.1:9"\n'
+        'access_key = "a"\nsecret_key = "b"\nregion = "us-east-1"\n'
+        f'[log]\ndirs = ["{log_dir}"]\n'
+        "[cluster]\ncloud_storage_initial_backoff_ms = 1\n"
+    )
+    result = CliRunner().invoke(cli, ["-q", "archive", "--once", "--config", str(config)])
+    assert result.exit_code == 5, result.output
+    assert result.stderr.startswith("error: ")
+    assert "Traceback" not in result.output
+
+
+# --- describe-storage -----------------------------------------------------------------------
+
+
+def test_describe_storage_json_field_names_and_values(setup: tuple[Path, Path]) -> None:
+    config, log_dir = setup
+    before = _json(invoke("describe-storage", "--config", str(config), "--json"))
+    assert [r["partition"] for r in before] == [0, 1, 2]
+    for row in before:
+        assert set(row) == ROW_KEYS
+        assert set(row["local"]) == LOCAL_KEYS
+        assert set(row["remote"]) == REMOTE_KEYS
+        assert row["remote"]["segments"] == 0 and row["remote"]["size_bytes"] == 0
+        assert row["pending_bytes"] == row["local"]["size_bytes"]  # nothing uploaded yet
+        assert row["safe_to_delete_below"] == row["local"]["start_offset"] == 0
+
+    for _ in range(5):
+        if _json(invoke("archive", "--once", "--config", str(config), "--json"))[
+                "uploaded_segments"] == 0:
+            break
+    after = _json(invoke("describe-storage", "--config", str(config), "--json"))
+    for row in after:
+        part_dir = log_dir / f"orders-{row['partition']}"
+        closed = closed_segments(part_dir)
+        local_bytes = sum(p.stat().st_size for p in part_dir.glob("*.log"))
+        assert row["high_watermark"] == 400
+        assert row["local"] == {"start_offset": 0, "last_offset": 399,
+                                "size_bytes": local_bytes, "segments": len(closed) + 1}
+        active_base = parse_segment_file_name(
+            sorted(part_dir.glob("*.log"))[-1].name)
+        assert row["remote"]["start_offset"] == 0
+        assert row["remote"]["last_offset"] == active_base - 1
+        assert row["remote"]["segments"] == len(closed)
+        assert row["remote"]["size_bytes"] == sum(p.stat().st_size for p in closed)
+        assert row["remote"]["archived_manifests"] == 0
+        # only the active segment is left to upload; everything below it is safe to delete
+        assert row["safe_to_delete_below"] == active_base
+        assert row["pending_bytes"] == local_bytes - row["remote"]["size_bytes"]
+
+
+def test_describe_storage_topic_filter_and_human_table(tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    write_log(log_dir, "orders", 2, 10)
+    write_log(log_dir, "audit.log", 1, 10)
+    config = write_config(tmp_path / "t.toml", (tmp_path / "bucket").as_uri(), log_dir)
+
+    rows = _json(invoke("describe-storage", "--config", str(config), "--topic", "audit.log",
+                        "--json"))
+    assert [(r["topic"], r["partition"]) for r in rows] == [("audit.log", 0)]
+
+    result = invoke("describe-storage", "--config", str(config))
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:2] == ["PARTITION", "HIGH"]
+    assert [line.split()[0] for line in lines[1:4]] == ["audit.log-0", "orders-0", "orders-1"]
+    assert lines[-1].startswith("3 partitions: ")
+
+    assert _json(invoke("describe-storage", "--config", str(config), "--topic", "nope",
+                        "--json")) == []
+
+
+def test_describe_storage_rejects_a_hostile_topic_name(setup: tuple[Path, Path]) -> None:
+    config, _ = setup
+    result = CliRunner().invoke(cli, ["describe-storage", "--config", str(config),
+                                      "--topic", "../x"])
+    assert result.exit_code == 2
+    assert "--topic" in result.output and "'/'" in result.output
+
+
+def test_describe_storage_reads_only(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    config, _ = setup
+    assert invoke("describe-storage", "--config", str(config)).exit_code == 0
+    bucket = tmp_path / "bucket"
+    assert not bucket.exists() or not any(p.is_file() for p in bucket.rglob("*"))
+
+
+def test_render_rows_handles_empty_sides_and_manifest_errors() -> None:
+    from tiered.describe import render_rows, summary_line
+
+    rows: list[dict[str, Any]] = [
+        {"topic": "t", "partition": 0, "high_watermark": None,
+         "local": {"start_offset": None, "last_offset": None, "size_bytes": 0, "segments": 0},
+         "remote": {"start_offset": None, "last_offset": None, "size_bytes": 0, "segments": 0,
+                    "archived_manifests": 0},
+         "pending_bytes": 0, "safe_to_delete_below": None},
+        {"topic": "t", "partition": 1, "high_watermark": 2000,
+         "local": {"start_offset": 1000, "last_offset": 1999, "size_bytes": 4096,
+                   "segments": 2},
+         "remote": {"start_offset": 0, "last_offset": 1499, "size_bytes": 3 * 1024 * 1024,
+                    "segments": 9, "archived_manifests": 1},
+         "pending_bytes": 1024, "safe_to_delete_below": 1500},
+        {"topic": "t", "partition": 2, "high_watermark": 10,
+         "local": {"start_offset": 0, "last_offset": 9, "size_bytes": 100, "segments": 1},
+         "remote": {"start_offset": None, "last_offset": None, "size_bytes": 0, "segments": 0,
+                    "archived_manifests": 0, "error": "CorruptManifest: bad JSON"},
+         "pending_bytes": 100, "safe_to_delete_below": 0},
+    ]
+    lines = render_rows(rows)
+    header, empty, full, failed, error = lines
+    assert header.split()[0] == "PARTITION"
+    assert empty.split() == ["t-0", "-", "-", "-", "-", "-", "0", "B", "-"]
+    assert "1000..1999" in full and "0..1499" in full
+    assert "3 MiB in 9 seg (+1 archived manifest)" in full
+    assert full.rstrip().endswith("1500")
+    assert "error (below)" in failed
+    assert error == "t-2: cannot read the manifest: CorruptManifest: bad JSON"
+    # columns line up: every row is as wide as the header up to the last column
+    assert all(len(line) <= len(header) + 10 for line in (empty, full, failed))
+    assert summary_line(rows) == ("3 partitions: 4.1 KiB local, 3 MiB in the bucket, "
+                                  "1.1 KiB waiting for upload")
+    assert render_rows([]) == ["no partitions found"]

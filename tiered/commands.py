@@ -1,0 +1,195 @@
+"""The archiver's commands on the `tiered` group: `run`, `archive --once`, `describe-storage`
+and `demo`. Importing this module registers them (tiered.cli imports it once).
+
+Each command builds what it needs from the configuration and hands the work to the module
+that owns it (`tiered.daemon`, `archiver.service`, `tiered.demo`); here are only options,
+output and exit codes: 0 on success, 1 when a pass reported a problem, and the error's own
+code for a `TieredError` (2 for configuration, 5 for the object store, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from tiered.cli import cli, config_option, json_option
+from tiered.daemon import (
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_PORT,
+    check_log_dirs,
+    report_problems,
+)
+
+if TYPE_CHECKING:
+    from archiver.service import Archiver, PassReport
+    from tiered.config import Config
+
+__all__ = ["archive_command", "demo_command", "describe_storage_command", "run_command",
+           "report_json"]
+
+
+def _load(config_path: Path, command: str) -> Config:
+    """The configuration, refusing one without usable log dirs: every command here reads
+    them."""
+    from tiered.config import load_config
+
+    config = load_config(config_path)
+    check_log_dirs(config, command)
+    return config
+
+
+@contextmanager
+def _archiver(config: Config, *, probe: bool) -> Iterator[Archiver]:
+    """An Archiver on the configured store, closed (with the store) afterwards. `probe`:
+    prove conditional writes first, needed by every command that commits manifests."""
+    from archiver.service import Archiver
+    from tiered.store import open_store
+
+    store = open_store(config.store_settings(), probe=probe)
+    try:
+        archiver = Archiver(config, store)
+        try:
+            yield archiver
+        finally:
+            archiver.close()
+    finally:
+        store.close()
+
+
+# --- run ---------------------------------------------------------------------------------------
+
+
+@cli.command("run")
+@config_option
+@click.option("--metrics-host", default=DEFAULT_METRICS_HOST, show_default=True,
+              help="Address /metrics and /health listen on (0.0.0.0: every interface).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=DEFAULT_METRICS_PORT,
+              show_default=True, help="Port of /metrics and /health (0: any free port).")
+def run_command(config_path: Path, metrics_host: str, metrics_port: int) -> None:
+    """Run the archiver daemon until SIGTERM or Ctrl-C.
+
+    Uploads every closed segment of every partition in the log dirs (new partitions are
+    picked up while running), commits manifests, applies remote and local retention and
+    garbage collection on their schedules, and serves Prometheus metrics on /metrics and
+    a health check on /health. The first SIGTERM finishes the current step and exits 0.
+    """
+    from tiered.daemon import Daemon, DaemonOptions
+
+    config = _load(config_path, "run")
+    daemon = Daemon(config, DaemonOptions(metrics_host=metrics_host, metrics_port=metrics_port))
+    sys.exit(daemon.run())
+
+
+# --- archive --once ----------------------------------------------------------------------------
+
+
+def report_json(report: PassReport) -> dict[str, Any]:
+    """A pass report as `archive --once --json` prints it."""
+    return {
+        "ok": report.ok,
+        "uploaded_segments": sum(p.uploaded_segments for p in report.partitions),
+        "uploaded_bytes": sum(p.uploaded_bytes for p in report.partitions),
+        "deleted_remote_objects": report.deleted_remote_objects,
+        "deleted_local_segments": report.deleted_local_segments,
+        "errors": list(report.errors),
+        "partitions": [asdict(p) for p in report.partitions],
+    }
+
+
+def _report_lines(report: PassReport, url: str) -> list[str]:
+    from tiered.units import format_size
+
+    uploaded = [p for p in report.partitions if p.uploaded_segments]
+    segments = sum(p.uploaded_segments for p in uploaded)
+    size = sum(p.uploaded_bytes for p in uploaded)
+    lines = [
+        f"{len(report.partitions)} partition(s): uploaded {segments} segment(s) "
+        f"({format_size(size)}) from {len(uploaded)} of them to {url}",
+        f"retention: deleted {report.deleted_remote_objects} object(s) from the bucket and "
+        f"{report.deleted_local_segments} local segment(s)",
+    ]
+    return lines
+
+
+@cli.command("archive")
+@config_option
+@click.option("--once", is_flag=True,
+              help="Run one full pass and exit (required; `tiered run` is the daemon).")
+@json_option
+def archive_command(config_path: Path, once: bool, as_json: bool) -> None:
+    """One full archiving pass: upload every eligible segment, commit manifests, apply
+    remote and local retention, collect garbage.
+
+    Exits 0 only when everything succeeded; 1 when any partition or step reported a
+    problem (a corrupt segment, a failed upload, ...) while the others went on; 5 when the
+    object store cannot be reached at all, 2 for a bad configuration.
+    """
+    if not once:
+        raise click.UsageError("archive runs one pass: add --once (the daemon is `tiered run`)")
+    config = _load(config_path, "archive")
+    with _archiver(config, probe=True) as archiver:
+        report = archiver.run_once()
+    if as_json:
+        click.echo(json.dumps(report_json(report), indent=2))
+    else:
+        for line in _report_lines(report, config.storage.url):
+            click.echo(line)
+    for error in report_problems(report):
+        click.echo(f"error: {error}", err=True)
+    sys.exit(0 if report.ok else 1)
+
+
+# --- describe-storage --------------------------------------------------------------------------
+
+
+def _check_topic(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from tiered.config import check_topic_name
+
+    if value is not None and (problem := check_topic_name(value)) is not None:
+        raise click.BadParameter(problem)
+    return value
+
+
+@cli.command("describe-storage")
+@config_option
+@click.option("--topic", default=None, callback=_check_topic, help="Only this topic.")
+@json_option
+def describe_storage_command(config_path: Path, topic: str | None, as_json: bool) -> None:
+    """Per partition: what is on local disk, what is in the bucket, what waits for upload,
+    and the offset below which local deletion is safe. Reads only; changes nothing."""
+    from tiered.describe import render_rows, summary_line
+
+    config = _load(config_path, "describe-storage")
+    with _archiver(config, probe=False) as archiver:
+        archiver.scan()
+        rows = archiver.describe(topic)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for line in render_rows(rows):
+        click.echo(line)
+    if rows:
+        click.echo(summary_line(rows))
+
+
+# --- demo --------------------------------------------------------------------------------------
+
+
+@cli.command("demo")
+@click.option("--dir", "base_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("tiered-demo"), show_default=True,
+              help="Where the demo keeps its log, bucket and config.")
+def demo_command(base_dir: Path) -> None:
+    """Write a sample topic, archive it to a local-directory bucket, trim local retention,
+    and show what is local and what is remote. No server needed; runs again to add more."""
+    from tiered.demo import run_demo
+
+    result = run_demo(base_dir, echo=click.echo)
+    sys.exit(0 if result.ok else 1)

@@ -1,0 +1,492 @@
+"""`tiered run`: the archiver as a long-running service.
+
+The daemon composes parts that know nothing of each other: the `Archiver` (all upload,
+retention and controller logic), a `Scheduler` that calls its steps when they are due, and
+the `MetricsServer`. Four jobs run on the main thread, one at a time, in this order when
+several are due:
+
+    upload           Archiver.scan + upload_round; again at once after progress (rounds are
+                     bounded per partition), else after a backoff of 0.1 s doubling to 10 s
+                     (Redpanda's cloud_storage_upload_loop_{initial,max}_backoff_ms defaults)
+    controller       Archiver.update_controller, every cloud_storage_upload_ctrl_update_interval_ms
+    local_retention  Archiver.local_retention, every retention_local_trim_interval
+    housekeeping     Archiver.housekeeping, every cloud_storage_housekeeping_interval_ms
+
+Intervals run from the end of a job's run to its next start, so a slow round never causes a
+burst of catch-up runs. Threads: the main thread owns the Archiver and the store; after every
+job it publishes an immutable `DaemonState`, which is all the HTTP thread ever reads (metrics
+are therefore as fresh as the last finished job).
+
+Stopping: the first SIGTERM / SIGINT lets the running job finish (an upload round ends with
+its manifest commits) and then exits 0; a second one abandons the job at once. Abandoning is
+safe because a manifest commit is one atomic compare-and-swap PUT: an object uploaded but
+not yet committed is an orphan that garbage collection removes after the grace period, and
+the next run re-uploads the segment (invariant 8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Protocol
+
+from tiered.errors import ConfigError, TieredError
+from tiered.metrics import (
+    ArchiverCollector,
+    DaemonState,
+    JobCounters,
+    JobsCollector,
+    MetricsServer,
+    health_of,
+    make_registry,
+)
+from tiered.store.errors import AccessDenied, ConditionalWritesUnsupported, StoreError
+from tiered.units import format_size
+
+if TYPE_CHECKING:
+    from archiver.service import Archiver, ArchiverStats, PassReport
+    from tiered.config import Config
+    from tiered.store.base import ObjectStore
+
+__all__ = [
+    "DEFAULT_METRICS_HOST",
+    "DEFAULT_METRICS_PORT",
+    "Daemon",
+    "DaemonOptions",
+    "Scheduler",
+    "check_log_dirs",
+    "next_upload_delay",
+    "report_problems",
+]
+
+log = logging.getLogger("tiered.daemon")
+
+DEFAULT_METRICS_HOST = "127.0.0.1"
+#: Redpanda's admin/metrics port, so dashboards built for it find us where they expect
+DEFAULT_METRICS_PORT = 9644
+#: upload-loop backoff while there is nothing to upload (Redpanda's defaults), in seconds
+UPLOAD_BACKOFF_MIN_S = 0.1
+UPLOAD_BACKOFF_MAX_S = 10.0
+#: waiting for the object store at start-up: first and longest pause, in seconds
+CONNECT_BACKOFF_MIN_S = 1.0
+CONNECT_BACKOFF_MAX_S = 30.0
+#: a key HEAD-ed to tell "the store answers" from "it does not"; its absence is an answer
+HEALTH_PROBE_KEY = "_tiered/health-probe"
+
+
+# --- scheduling ---------------------------------------------------------------------------
+
+
+class Stopper(Protocol):
+    """What the scheduler waits on: `threading.Event` in production, a fake in tests."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    def set(self) -> None: ...
+
+
+@dataclass
+class _Entry:
+    name: str
+    interval_s: float
+    action: Callable[[], float | None]
+    due_s: float
+
+
+class Scheduler:
+    """Runs named jobs when due, on an injected monotonic `clock` (seconds).
+
+    A job's action returns the delay before its next run, or None for its regular interval.
+    Every job is due at once after `add`; jobs due together run in the order they were added.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._entries: list[_Entry] = []
+
+    def add(self, name: str, interval_s: float, action: Callable[[], float | None]) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"job {name!r}: interval must be positive, got {interval_s}")
+        self._entries.append(_Entry(name, interval_s, action, self._clock()))
+
+    def run_pending(self, stop: Stopper | None = None) -> list[str]:
+        """Run every job that is due now (checking `stop` between jobs); returns their names."""
+        ran = []
+        for entry in self._entries:
+            if stop is not None and stop.is_set():
+                break
+            if entry.due_s <= self._clock():
+                delay = entry.action()
+                entry.due_s = self._clock() + (entry.interval_s if delay is None else delay)
+                ran.append(entry.name)
+        return ran
+
+    def seconds_until_due(self) -> float:
+        """How long until the next job is due (0 when one already is)."""
+        if not self._entries:
+            return float("inf")
+        return max(0.0, min(e.due_s for e in self._entries) - self._clock())
+
+    def run(self, stop: Stopper) -> None:
+        """Run jobs as they fall due until `stop` is set; sleeping is `stop.wait`, so a stop
+        request ends the wait at once."""
+        while not stop.is_set():
+            self.run_pending(stop)
+            if stop.is_set():
+                break
+            stop.wait(self.seconds_until_due())
+
+
+def next_upload_delay(previous_s: float | None, made_progress: bool) -> float:
+    """Delay before the next upload round, in seconds: none after progress (a round uploads
+    a bounded number of segments per partition, so more may be waiting), otherwise a backoff
+    that doubles from UPLOAD_BACKOFF_MIN_S up to UPLOAD_BACKOFF_MAX_S."""
+    if made_progress:
+        return 0.0
+    if previous_s is None or previous_s < UPLOAD_BACKOFF_MIN_S:
+        return UPLOAD_BACKOFF_MIN_S
+    return min(previous_s * 2, UPLOAD_BACKOFF_MAX_S)
+
+
+def report_problems(report: PassReport) -> list[str]:
+    """Every problem of a pass once: the pass-level errors, then each partition's error that
+    no pass-level error already names (the archiver copies partition faults into `errors`
+    prefixed with the partition, as "topic-N: ..." or "topic/N: ...")."""
+    problems = list(report.errors)
+    for p in report.partitions:
+        prefixes = (f"{p.topic}-{p.partition}:", f"{p.topic}/{p.partition}:")
+        if p.error and not any(e.startswith(prefixes) for e in report.errors):
+            problems.append(f"{p.topic}-{p.partition}: {p.decision}: {p.error}")
+    return problems
+
+
+# --- the daemon ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    """Command-line settings of `tiered run` that are not configuration properties."""
+
+    metrics_host: str = DEFAULT_METRICS_HOST
+    metrics_port: int = DEFAULT_METRICS_PORT
+
+
+class _Abandon(BaseException):
+    """Raised by the second stop signal to leave the running job at once. A BaseException so
+    that no `except Exception` on the way swallows it."""
+
+
+def check_log_dirs(config: Config, command: str) -> None:
+    """Refuse a configuration without usable log dirs before anything starts: no `[log] dirs`,
+    or a dir that does not exist (a typo or an unmounted disk would otherwise look like an
+    empty log, and `archive --once` would succeed having archived nothing)."""
+    if not config.log_dirs:
+        raise ConfigError(
+            f"{config.source}: [log] dirs is not set: tiered {command} needs the broker's log "
+            "directories, e.g. dirs = [\"/var/lib/kafka/data\"]"
+        )
+    problems = [f"{config.source}: [log] dirs: {d} does not exist or is not a directory"
+                for d in config.log_dirs if not d.is_dir()]
+    if problems:
+        raise ConfigError("\n".join(problems), problems)
+
+
+def _open_store(config: Config) -> ObjectStore:
+    from tiered.store import open_store
+
+    return open_store(config.store_settings())
+
+
+def _new_archiver(config: Config, store: ObjectStore) -> Archiver:
+    from archiver.service import Archiver
+
+    return Archiver(config, store)
+
+
+def _ms(config: Config, key: str) -> float:
+    """A cluster `_ms` property in seconds."""
+    return int(config.cluster[key] or 1) / 1000
+
+
+class Daemon:
+    """One `tiered run`. Construct, then `run()` on the main thread (for signal handling; on
+    another thread, stop it with `request_stop`). Factories, clocks and the stop event are
+    injectable so tests run it without real time or a real bucket."""
+
+    def __init__(
+        self,
+        config: Config,
+        options: DaemonOptions | None = None,
+        *,
+        open_store: Callable[[Config], ObjectStore] = _open_store,
+        new_archiver: Callable[[Config, ObjectStore], Archiver] = _new_archiver,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        stop: Stopper | None = None,
+    ) -> None:
+        check_log_dirs(config, "run")
+        self.config = config
+        self.options = options or DaemonOptions()
+        self._open_store = open_store
+        self._new_archiver = new_archiver
+        self._clock = clock
+        self._wall = wall_clock
+        self._stop: Stopper = stop if stop is not None else threading.Event()
+        self._signals = 0
+        self.state = DaemonState(started_s=clock())
+        self._upload_delay: float | None = None
+        self._known: set[tuple[str, int]] = set()
+        self._failing: set[tuple[str, str, int]] = set()  # (job, topic, partition)
+        registry = make_registry(
+            ArchiverCollector(lambda: self.state.stats),
+            JobsCollector(lambda: self.state.jobs, lambda: self.state.store_up),
+        )
+        try:
+            self.server = MetricsServer(
+                self.options.metrics_host, self.options.metrics_port, registry,
+                lambda: health_of(self.state, self._clock()),
+            )
+        except OSError as exc:
+            where = f"{self.options.metrics_host}:{self.options.metrics_port}"
+            raise TieredError(f"cannot serve metrics on {where}: {exc.strerror or exc}") from None
+
+    # --- control ------------------------------------------------------------------------
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Finish the running job, then return from `run` (thread-safe)."""
+        if not self._stop.is_set():
+            log.info("%s: stopping after the current step", reason)
+            self._publish(phase="stopping")
+        self._stop.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals > 1:
+            raise _Abandon(name)
+        self.request_stop(f"received {name}")
+
+    @contextlib.contextmanager
+    def _signal_handlers(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _publish(self, **changes: object) -> None:
+        self.state = dataclasses.replace(self.state, **changes)  # type: ignore[arg-type]
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until stopped; returns the exit status (0: stopped cleanly)."""
+        self.server.start()
+        log.info("tiered run: archiving %s to %s; metrics and health on %s (/metrics, /health)",
+                 ", ".join(map(str, self.config.log_dirs)), self.config.storage.url,
+                 self.server.url)
+        try:
+            with self._signal_handlers():
+                try:
+                    self._serve()
+                except _Abandon as signame:
+                    log.warning("received %s again: abandoning the running step; anything "
+                                "uploaded but not committed is removed by garbage collection "
+                                "and uploaded again next time", signame)
+        finally:
+            self.server.stop()
+        log.info("tiered run: stopped")
+        return 0
+
+    def _serve(self) -> None:
+        store = self._connect()
+        if store is None:
+            return
+        try:
+            archiver = self._new_archiver(self.config, store)
+            try:
+                self._publish(phase="running")
+                self._schedule(archiver, store).run(self._stop)
+            finally:
+                archiver.close()
+        finally:
+            store.close()
+
+    def _connect(self) -> ObjectStore | None:
+        """Open the store, waiting (with /health at 503) while it is unreachable; a store
+        that refuses us (credentials, no conditional writes) is an error at once. None: a stop
+        was requested while waiting."""
+        delay = CONNECT_BACKOFF_MIN_S
+        while not self._stop.is_set():
+            try:
+                store = self._open_store(self.config)
+            except (AccessDenied, ConditionalWritesUnsupported):
+                raise
+            except StoreError as exc:
+                log.warning("object store %s unreachable (%s); retrying in %.0f s",
+                            self.config.storage.url, exc, delay)
+                self._publish(store_up=False, store_error=str(exc))
+                self._stop.wait(delay)
+                delay = min(delay * 2, CONNECT_BACKOFF_MAX_S)
+                continue
+            self._publish(store_up=True, store_error=None)
+            return store
+        return None
+
+    def _schedule(self, archiver: Archiver, store: ObjectStore) -> Scheduler:
+        c = self.config
+
+        def job(
+            name: str, step: Callable[[], PassReport | None],
+            after: Callable[[PassReport | None], float] | None = None,
+        ) -> Callable[[], float | None]:
+            def action() -> float | None:
+                report = self._run_step(name, step, archiver, store)
+                return after(report) if after is not None else None
+
+            return action
+
+        def upload() -> PassReport:
+            archiver.scan()
+            return archiver.upload_round()
+
+        def upload_delay(report: PassReport | None) -> float:
+            progress = report is not None and any(p.uploaded_segments for p in report.partitions)
+            self._upload_delay = next_upload_delay(self._upload_delay, progress)
+            return self._upload_delay
+
+        def controller() -> None:
+            out = archiver.update_controller()
+            if out.updated:
+                log.debug("controller: backlog ratio %.3f, error %.1f, shares %d",
+                          out.backlog_ratio, out.error, out.shares)
+
+        scheduler = Scheduler(self._clock)
+        scheduler.add("upload", UPLOAD_BACKOFF_MAX_S, job("upload", upload, upload_delay))
+        scheduler.add("controller", _ms(c, "cloud_storage_upload_ctrl_update_interval_ms"),
+                      job("controller", controller))
+        scheduler.add("local_retention", _ms(c, "retention_local_trim_interval"),
+                      job("local_retention", archiver.local_retention))
+        scheduler.add("housekeeping", _ms(c, "cloud_storage_housekeeping_interval_ms"),
+                      job("housekeeping", archiver.housekeeping))
+        return scheduler
+
+    def _run_step(
+        self, name: str, step: Callable[[], PassReport | None], archiver: Archiver,
+        store: ObjectStore,
+    ) -> PassReport | None:
+        """Run one job, log what it did, and publish the new state. A domain error fails the
+        job for this run only; so does a bug (logged with its traceback), since one broken
+        step must not stop the archiving of everything else."""
+        report: PassReport | None = None
+        errors: tuple[str, ...] = ()
+        try:
+            report = step()
+        except TieredError as exc:
+            errors = (str(exc),)
+            log.error("%s failed: %s", name, exc)
+        except Exception as exc:
+            errors = (f"internal error: {exc!r}",)
+            log.exception("%s failed with an unexpected error", name)
+        stats = _snapshot(archiver)
+        if report is not None:
+            errors = tuple(report_problems(report))
+            self._log_report(name, report, stats)
+        ok = not errors
+        # a clean step proves the store answers; after a failed one, ask it
+        store_changes = self._probe_store(store) if not ok else {
+            "store_up": True, "store_error": None}
+        old = self.state.jobs.get(name, JobCounters())
+        counters = JobCounters(
+            runs=old.runs + 1,
+            failures=old.failures + (0 if ok else 1),
+            last_success_s=self._wall() if ok else old.last_success_s,
+        )
+        changes: dict[str, object] = {
+            "jobs": {**self.state.jobs, name: counters},
+            "last_errors": {**self.state.last_errors, name: errors},
+            "stats": stats,
+            **store_changes,
+        }
+        if name == "upload" and report is not None:
+            changes["partitions"] = len(report.partitions)
+        self._publish(**changes)
+        return report
+
+    def _probe_store(self, store: ObjectStore) -> dict[str, object]:
+        """After a failed step: does the store still answer? (A missing key is an answer.)"""
+        try:
+            store.exists(HEALTH_PROBE_KEY)
+        except AccessDenied:
+            return {"store_up": True, "store_error": None}
+        except StoreError as exc:
+            if self.state.store_up is not False:
+                log.error("object store %s unreachable: %s", self.config.storage.url, exc)
+            return {"store_up": False, "store_error": str(exc)}
+        return {"store_up": True, "store_error": None}
+
+    def _log_report(self, name: str, report: PassReport, stats: ArchiverStats | None) -> None:
+        """One INFO line per upload or retention action and one progress line per round with
+        uploads; a problem is logged when it first appears (not every round it stands), and
+        a partition that had one says when it recovered."""
+        seen = {(p.topic, p.partition) for p in report.partitions}
+        if name == "upload":
+            new = sorted(seen - self._known)
+            if new and self._known:
+                log.info("picked up %d new partition(s): %s", len(new),
+                         ", ".join(f"{t}-{p}" for t, p in new))
+            elif new:
+                log.info("found %d partition(s)", len(new))
+            self._known |= seen
+        uploaded = bytes_ = 0
+        for p in report.partitions:
+            failing = (name, p.topic, p.partition)
+            if p.uploaded_segments:
+                uploaded += p.uploaded_segments
+                bytes_ += p.uploaded_bytes
+                log.info("uploaded %d segment(s) of %s-%d (%s)", p.uploaded_segments, p.topic,
+                         p.partition, format_size(p.uploaded_bytes))
+            if p.error:
+                self._failing.add(failing)
+            elif failing in self._failing:
+                self._failing.discard(failing)
+                log.info("%s-%d: %s recovered (%s)", p.topic, p.partition, name, p.decision)
+        previous = set(self.state.last_errors.get(name, ()))
+        for problem in report_problems(report):
+            if problem not in previous:
+                log.warning("%s: %s", name, problem)
+        if uploaded:
+            pending = f"; {format_size(stats.pending_bytes)} pending" if stats else ""
+            log.info("upload round: %d segment(s), %s%s", uploaded, format_size(bytes_), pending)
+        if report.deleted_local_segments:
+            log.info("%s: deleted %d local segment(s) covered by the bucket", name,
+                     report.deleted_local_segments)
+        if report.deleted_remote_objects:
+            log.info("%s: deleted %d object(s) from the bucket", name,
+                     report.deleted_remote_objects)
+
+
+def _snapshot(archiver: Archiver) -> ArchiverStats | None:
+    try:
+        return archiver.snapshot()
+    except Exception:  # metrics must never stop the archiving
+        log.exception("could not read archiver statistics")
+        return None
+
+
+def run_daemon(config: Config, options: DaemonOptions | None = None) -> int:
+    """`tiered run`: serve until SIGTERM / SIGINT; the exit status."""
+    return Daemon(config, options).run()

@@ -58,7 +58,8 @@ class PassReport:
                 continue
             mine.uploaded_segments += p.uploaded_segments
             mine.uploaded_bytes += p.uploaded_bytes
-            if p.error:  # the first fault names the row's decision; later ones add to it
+            # the first fault names the row's decision; later, different ones add to it
+            if p.error and (mine.error is None or p.error not in mine.error):
                 if mine.error is None:
                     mine.decision, mine.error = p.decision, p.error
                 else:

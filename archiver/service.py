@@ -453,10 +453,17 @@ class Archiver:
     # -- whole passes and reporting --------------------------------------------------------------
 
     def run_once(self) -> PassReport:
-        """One full pass: scan, controller, uploads, housekeeping, local retention."""
+        """One full pass: scan, controller, uploads, housekeeping, local retention.
+
+        A single upload round is bounded per partition so partitions share fairly; a pass
+        promises everything eligible, so rounds repeat until one makes no progress (a
+        partition stuck on a fault stops contributing and so cannot keep the loop going)."""
         self.scan()
         self.update_controller()
-        report = self.upload_round()
+        report = last = self.upload_round()
+        while any(p.uploaded_segments for p in last.partitions):
+            last = self.upload_round()
+            report = report.merge(last)
         report = report.merge(self.housekeeping())
         return report.merge(self.local_retention())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 from collections.abc import Callable
 
@@ -20,6 +21,9 @@ log = logging.getLogger(__name__)
 
 #: reserved key space for the probe; nothing else lives here
 PROBE_PREFIX = "_tiered/probe/"
+#: a probe takes milliseconds; one whose key says it started longer ago than this was left by
+#: a crash (kill -9 between its put and its delete) and is collected by the next probe
+PROBE_STALE_AFTER_S = 600.0
 
 OPT_OUT_HINT = (
     "Use a store that enforces If-Match / If-None-Match (AWS S3, recent MinIO), or, only if "
@@ -29,18 +33,50 @@ OPT_OUT_HINT = (
 )
 
 
+def probe_key(now_s: float) -> str:
+    """A fresh probe key; it starts with its creation time (ms) so stale ones are recognised
+    without trusting the store's clock."""
+    return f"{PROBE_PREFIX}{int(now_s * 1000):013d}-{uuid.uuid4().hex}"
+
+
+def collect_stale_probes(store: ObjectStore, *, now_s: float | None = None) -> int:
+    """Delete probe objects a crashed process left (invariant 8: no permanent orphans).
+
+    Only probes older than `PROBE_STALE_AFTER_S` by the time in their key go, so a probe another
+    process is running right now is never pulled from under it. Best effort: returns how many
+    were deleted and logs, never raises for a store fault."""
+    now = time.time() if now_s is None else now_s
+    stale = []
+    try:
+        for info in store.list(PROBE_PREFIX):
+            started_ms, _, _ = info.key[len(PROBE_PREFIX) :].partition("-")
+            started_s = int(started_ms) / 1000 if started_ms.isdigit() else info.last_modified
+            if now - started_s > PROBE_STALE_AFTER_S:
+                stale.append(info.key)
+        failed = store.delete_many(stale) if stale else []
+    except StoreError as exc:
+        log.warning("could not collect stale conditional-write probes: %s", exc)
+        return 0
+    collected = len(stale) - len(failed)
+    if collected:
+        log.info("collected %d conditional-write probe(s) left by a crash", collected)
+    return collected
+
+
 def probe_conditional_writes(store: ObjectStore) -> bool:
     """Check that `store` refuses conditional puts whose condition is false.
 
-    Writes `_tiered/probe/<uuid>` with If-None-Match, then expects PreconditionFailed from a
-    second If-None-Match put and from an If-Match put with a wrong ETag, and success from an
-    If-Match put with the right one; deletes the probe in every case.
+    Collects probes a crash left, then writes `_tiered/probe/<ms>-<uuid>` with If-None-Match,
+    then expects PreconditionFailed from a second If-None-Match put and from an If-Match put
+    with a wrong ETag, and success from an If-Match put with the right one; deletes the probe
+    in every case.
 
     Returns True when conditions are enforced. Otherwise raises `ConditionalWritesUnsupported`
     explaining the risk, or, with `settings.allow_unconditional_writes`, logs a WARNING and
     returns False. Access and connectivity errors propagate unchanged.
     """
-    key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+    collect_stale_probes(store)
+    key = probe_key(time.time())
     where = f"{store.settings.url.rstrip('/')}/{key}"
     problems: list[str] = []
     created = False

@@ -1,0 +1,96 @@
+"""`tiered fetch`: raw record-batch bytes and jsonl records from the bucket once the local log
+is gone, and a clear message with a non-zero exit for out-of-range offsets, unknown
+partitions and bad arguments (invariant 9)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from test_reader import TOPIC, LogImage, record_timestamp, template
+
+from tiered.cli import cli
+from tiered.records import iter_batches
+
+
+@pytest.fixture
+def remote_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LogImage, int]:
+    return template(tmp_path_factory)
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, remote_template: tuple[Path, LogImage, int]) -> Path:
+    base, _image, _end = remote_template
+    path = tmp_path / "tiered.toml"
+    path.write_text(
+        "[storage]\n"
+        f"url = \"{(base / 'bucket').as_uri()}\"\n"
+        "[log]\n"
+        f"dirs = [\"{tmp_path / 'logs'}\"]\n"
+        "[cache]\n"
+        f"dir = \"{tmp_path / 'cache'}\"\n"
+        "[cluster]\n"
+        "cloud_storage_cache_chunk_size = 1024\n"
+    )
+    (tmp_path / "logs").mkdir()
+    return path
+
+
+def fetch(config: Path, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["-q", "fetch", "--config", str(config), "--topic", TOPIC,
+                                    *args])
+
+
+def test_raw_writes_the_record_batches(config_file: Path,
+                                       remote_template: tuple[Path, LogImage, int]) -> None:
+    _base, image, _end = remote_template
+    result = fetch(config_file, "--partition", "0", "--offset", "31", "--max-bytes", "1500",
+                   "--format", "raw")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout_bytes == image.expected(31, 1500)
+
+
+def test_jsonl_prints_one_record_a_line(config_file: Path,
+                                        remote_template: tuple[Path, LogImage, int]) -> None:
+    _base, image, _end = remote_template
+    result = fetch(config_file, "--partition", "0", "--offset", "40", "--max-bytes", "3000")
+    assert result.exit_code == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    want = [r for b in iter_batches(image.expected(40, 3000)) for r in b.records
+            if r.offset >= 40]
+    assert len(lines) == len(want) > 5
+    for line, record in zip(lines, want, strict=True):
+        assert set(line) == {"offset", "timestamp", "key", "value", "headers"}
+        assert line["offset"] == record.offset
+        assert line["timestamp"] == record_timestamp(record.offset)
+        assert line["key"] == (None if record.key is None
+                               else base64.b64encode(record.key).decode())
+        assert line["value"] == (None if record.value is None
+                                 else base64.b64encode(record.value).decode())
+        assert [h["key"] for h in line["headers"]] == [h.key for h in record.headers]
+    assert any(line["key"] is None for line in lines)
+    assert any(line["headers"] for line in lines)
+
+
+def test_out_of_range_exits_4_with_the_bounds(config_file: Path,
+                                              remote_template: tuple[Path, LogImage, int]) -> None:
+    _base, _image, end = remote_template
+    result = fetch(config_file, "--partition", "0", "--offset", str(end + 10))
+    assert result.exit_code == 4
+    assert result.stdout == ""
+    assert f"offset {end + 10}" in result.stderr and f"0..{end - 1}" in result.stderr
+
+
+def test_unknown_partition_and_bad_topic_fail_clearly(config_file: Path) -> None:
+    result = fetch(config_file, "--partition", "7", "--offset", "0")
+    assert result.exit_code == 7
+    assert "partitions" in result.stderr
+    result = CliRunner().invoke(cli, ["-q", "fetch", "--config", str(config_file), "--topic",
+                                      "../etc", "--partition", "0", "--offset", "0"])
+    assert result.exit_code == 2
+    assert "error:" in result.stderr and "Traceback" not in result.output
+    result = fetch(config_file, "--partition", "0", "--offset", "-1")
+    assert result.exit_code == 2

@@ -1,0 +1,50 @@
+"""`benchmarks/remote_read.py` runs end to end at a tiny size and prints the JSON it promises.
+
+It runs as a child process against its own moto server, as a person would run it; the
+benchmark itself exits non-zero if any byte read back differs from the local file. Only the
+report's shape and byte counts are checked, never how fast anything was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(300)
+def test_remote_read_benchmark_reports_every_contender() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "remote_read.py"), "--size-mb", "6",
+         "--chunk-mb", "1", "--fetch-kb", "256", "--trials", "2", "--whole-trials", "1",
+         "--sequential-mb", "6", "--prefetch", "2"],
+        capture_output=True, text=True, env=env, timeout=280, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["benchmark"] == "remote_read"
+    size, chunk = report["segment_bytes"], report["chunk_bytes"]
+    assert size >= 6 * 1024 * 1024 and chunk == 1024 * 1024
+    cold = report["cold"]
+    assert set(cold) == {"tiered_chunks", "fsspec_blockcache", "whole_segment"}
+    # a 256 KiB fetch needs at most two 1 MiB chunks; the whole-segment contender moves it all
+    assert 0 < cold["tiered_chunks"]["segment_bytes_per_fetch"] <= 2 * chunk + 64 * 1024
+    assert cold["whole_segment"]["segment_bytes_per_fetch"] == size
+    for result in cold.values():
+        assert all(run["returned_bytes"] >= 256 * 1024 - 70 * 1024 for run in result["runs"])
+    assert set(report["warm"]) == {"tiered_cache", "tiered_local_log", "local_file_pread"}
+    seq = report["sequential"]
+    assert seq["no_readahead"]["bytes"] == seq["readahead"]["bytes"] == size
+    # every chunk downloaded once by a sequential consumer, with or without read-ahead
+    assert seq["no_readahead"]["segment_bytes_downloaded"] == size
+    assert seq["readahead"]["segment_bytes_downloaded"] == size
+    assert seq["readahead"]["prefetches"] > 0
+    assert set(report["ratios"]) >= {"whole_segment_bytes_over_chunks", "readahead_speedup"}

@@ -1,0 +1,545 @@
+"""The remote-read API: fetch record batches by offset or timestamp, local log first, then the
+bucket through the chunked read cache (DESIGN "remote read", invariants 5 and 9).
+
+Semantics follow Kafka's Fetch and ListOffsets:
+
+* `fetch(topic, partition, offset, max_bytes)` returns whole record batches starting with the
+  batch holding `offset` (after compaction: the first batch whose last offset reaches it). The
+  first batch comes whatever its size, so a consumer always makes progress (KIP-74); further
+  batches come while the total stays within `max_bytes`. A fetch crosses segment boundaries,
+  archived-manifest boundaries and the bucket -> local-log boundary.
+* The readable log is `[earliest_offset, latest_offset)`: it starts at the smaller of the local
+  log start and the bucket's log start (when remote read is on) and ends at the local log end,
+  capped by the checkpointed high watermark (a consumer never sees uncommitted data), or at the
+  bucket's last offset + 1 when nothing is local. An offset outside it is `OffsetOutOfRange`,
+  never an empty success (so a consumer that has caught up is told where the end is).
+* Remote read follows `redpanda.remote.read` (cluster default
+  `cloud_storage_enable_remote_read`): when off, an offset that is no longer local is
+  `RemoteReadDisabled` (an `OffsetOutOfRange`, as Kafka would answer) saying why.
+
+Where bytes come from: the local log when it still holds the offset (no store request at all);
+otherwise the segment objects through `cache.ChunkCache` (`tiered.segment_reads`: index
+positioning, chunk plan, header walk). Every byte returned is checked: record-batch CRC-32C on
+every piece served, and the object's CRC-32C from the manifest when a chunk is a whole segment.
+
+Revision (the bucket's name for a topic incarnation): the topic id in the local
+`partition.metadata`, or "0" without one, exactly as the archiver names it; when nothing is
+local, the newest topic manifest of the topic in the bucket (a recreated topic's is newer).
+
+Threads: one `Reader` may serve many threads (the daemon's HTTP handlers); its LRUs, counters
+and local-log snapshot are guarded by locks, the cache and store are thread-safe themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from cache.chunk_cache import ChunkCache
+from manifests import keys
+from manifests.commit import ManifestStore
+from manifests.manifest import PartitionManifest
+from manifests.spillover import ManifestSettings
+from manifests.topic import load_topic_manifest
+from tiered.checkpoints import TopicPartition, topic_id_to_str
+from tiered.config import Config
+from tiered.errors import OffsetOutOfRange, TieredError
+from tiered.index import NO_TIMESTAMP
+from tiered.local_log import LocalLog, PartitionLog
+from tiered.records import Record, RecordBatch, iter_batches
+from tiered.segment import TimestampAndOffset
+from tiered.segment_reads import (
+    LocalSegments,
+    Lru,
+    RemoteSegments,
+    Span,
+    local_offset_for_timestamp,
+)
+from tiered.store.base import ObjectStore
+from tiered.topics import topic_name_problem
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "FetchResult",
+    "InvalidRequest",
+    "Reader",
+    "ReaderStats",
+    "RemoteReadDisabled",
+    "UnknownPartition",
+]
+
+log = logging.getLogger(__name__)
+
+#: Kafka's max.partition.fetch.bytes default: 1 MiB
+DEFAULT_MAX_BYTES = 1 << 20
+#: ListOffsets' special timestamps
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+#: seconds a loaded head manifest / resolved revision / local-log scan stays fresh; a consumer
+#: polling every few ms must not cost two GETs per poll, and invariant 7's grace period keeps
+#: objects a slightly stale manifest names readable
+METADATA_TTL_S = 1.0
+
+
+class UnknownPartition(TieredError):
+    """Neither the local log nor the bucket knows this topic partition."""
+
+    exit_code = 7
+
+
+class RemoteReadDisabled(OffsetOutOfRange):
+    """The offset is only in the bucket and remote read is off for the topic."""
+
+
+class _LocalVanished(Exception):
+    """A local segment file disappeared mid-read (retention): rescan and retry once."""
+
+
+class InvalidRequest(TieredError):
+    """A malformed request: negative offset or max_bytes, a hostile topic name, ..."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """Whole record batches as Kafka's Fetch returns them, and where the log stands."""
+
+    topic: str
+    partition: int
+    #: the offset asked for
+    offset: int
+    #: record batches, byte for byte as in the log (CRC-checked)
+    data: bytes
+    #: where the next fetch should start: one past the last offset returned
+    next_offset: int
+    #: the first readable offset as far as this fetch looked: for a fetch served wholly from
+    #: the local log, the local log start (the bucket may reach further back, see
+    #: `Reader.earliest_offset`; a local hit makes no store request to find out)
+    log_start_offset: int | None
+    #: the end of the readable log (exclusive): local end capped at the high watermark, or
+    #: the bucket's last offset + 1 when nothing is local
+    high_watermark: int | None
+    #: "local", "remote" or "remote+local"
+    source: str
+
+    def batches(self) -> Iterator[RecordBatch]:
+        """Every batch fully decoded."""
+        return iter_batches(self.data, path=f"{self.topic}-{self.partition}@{self.offset}")
+
+    def records(self, *, include_control: bool = False) -> Iterator[Record]:
+        """Records of data batches (transaction markers skipped, as a consumer does) at or
+        after the requested offset."""
+        for batch in self.batches():
+            if batch.header.is_control and not include_control:
+                continue
+            for record in batch.records:
+                if record.offset >= self.offset:
+                    yield record
+
+
+@dataclass
+class ReaderStats:
+    """Counters for metrics (the cache's own counters come from `ChunkCache.stats`)."""
+
+    local_fetches: int = 0
+    remote_fetches: int = 0
+    local_bytes: int = 0
+    remote_bytes: int = 0
+    out_of_range: int = 0
+    timestamp_lookups: int = 0
+
+
+class Reader:
+    """Serves reads of a set of partitions from the local log and the bucket."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: ObjectStore,
+        *,
+        local_log: LocalLog | None = None,
+        cache: ChunkCache | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        metadata_ttl_s: float = METADATA_TTL_S,
+    ) -> None:
+        """`local_log` None: nothing is local (a reader beside no broker). `cache` None: a
+        `ChunkCache` in `config.cache_dir` configured from the cluster properties, owned (and
+        closed) by this reader."""
+        self.config = config
+        self.store = store
+        self.local_log = local_log
+        self.manifests = ManifestStore(store, ManifestSettings.from_cluster(config.cluster))
+        self._owns_cache = cache is None
+        self.cache = cache if cache is not None else _make_cache(config, store)
+        self.local = LocalSegments()
+        self.remote = RemoteSegments(
+            store, self.cache, int(config.cluster["cloud_storage_cache_chunk_size"] or 1))
+        self._clock = clock
+        self._ttl = metadata_ttl_s
+        self._heads: Lru[tuple[str, int, str], tuple[float, PartitionManifest]] = Lru(1024)
+        self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
+        self._stats = ReaderStats()
+        self._lock = threading.Lock()
+        self._scanned_at = clock()
+        self._owned: list[Any] = []
+
+    @classmethod
+    def from_config(cls, config: Config) -> Reader:
+        """A long-lived reader (the daemon's, the CLI's) that opens, and on `close` closes, the
+        configured store, local log dirs and cache."""
+        from tiered.store import open_store
+
+        store = open_store(config.store_settings())
+        dirs = [d for d in config.log_dirs if d.is_dir()]  # a reader beside no broker is fine
+        local = LocalLog(dirs) if dirs else None
+        reader = cls(config, store, local_log=local)
+        reader._owned.append(store)
+        reader.cache.start()  # the periodic size check, idle-reader expiry and index save
+        return reader
+
+    def close(self) -> None:
+        if self._owns_cache:
+            self.cache.close()
+        for owned in self._owned:
+            owned.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """A snapshot: the reader's counters and, under "cache", the cache's."""
+        with self._lock:
+            out: dict[str, Any] = dataclasses.asdict(self._stats)
+        out["index_downloads"] = self.remote.index_downloads
+        out["index_fallbacks"] = self.remote.index_fallbacks
+        out["cache"] = self.cache.stats()
+        return out
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self._stats, name, getattr(self._stats, name) + delta)
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int = DEFAULT_MAX_BYTES,
+        *, reader_id: Hashable | None = None,
+    ) -> FetchResult:
+        """Whole record batches from the one holding `offset` (see the module docstring).
+        `reader_id` names a consumer session (any hashable): the cache then holds its position
+        between fetches, spots sequential reading and reads ahead (`cloud_storage_chunk_prefetch`);
+        close it with `close_reader` when the consumer goes away.
+        Raises OffsetOutOfRange (RemoteReadDisabled), UnknownPartition, InvalidRequest,
+        CorruptSegmentError, StoreError / CacheError."""
+        _check_request(topic, partition)
+        for name, value in (("offset", offset), ("max_bytes", max_bytes)):
+            if type(value) is not int or value < 0:
+                raise InvalidRequest(f"{name} must be a non-negative integer, got {value!r}")
+        # an anonymous fetch still reads as one reader, so the cache holds its current chunk
+        # between the reads of one fetch, and lets go of everything at the end
+        token: Hashable = reader_id if reader_id is not None else object()
+        try:
+            try:
+                return self._fetch_once(topic, partition, offset, max_bytes, token,
+                                        reader_id is not None)
+            except _LocalVanished:
+                self._rescan()  # retention deleted a segment under us: retry on a new snapshot
+            try:
+                return self._fetch_once(topic, partition, offset, max_bytes, token,
+                                        reader_id is not None)
+            except _LocalVanished as err:
+                raise TieredError(f"{topic}-{partition}: local segments keep disappearing while "
+                                  f"being read ({err}); try again") from None
+        finally:
+            if reader_id is None:
+                self.cache.close_reader(token)
+
+    def close_reader(self, reader_id: Hashable) -> None:
+        """Forget a consumer session named in `fetch`: its cache holds end."""
+        self.cache.close_reader(reader_id)
+
+    def earliest_offset(self, topic: str, partition: int) -> int:
+        """The first readable offset (Kafka's log start offset, ListOffsets -2)."""
+        _check_request(topic, partition)
+        local, lo, hi = self._local_range(topic, partition, None)
+        if self.config.topic_config(topic).remote_read:
+            m = self._head(topic, partition, local, required=lo is None)
+            if m is not None and m.last_offset >= 0:
+                return m.log_start_offset if lo is None else min(lo, m.log_start_offset)
+        if lo is None:
+            raise RemoteReadDisabled(self._not_local(topic, partition, None, None))
+        return lo
+
+    def latest_offset(self, topic: str, partition: int) -> int:
+        """The log end offset as a consumer sees it (ListOffsets -1): the local end capped at
+        the high watermark when local, else the bucket's last offset + 1."""
+        _check_request(topic, partition)
+        local, _lo, hi = self._local_range(topic, partition, None)
+        if hi is not None:
+            return hi
+        if not self.config.topic_config(topic).remote_read:
+            raise RemoteReadDisabled(self._not_local(topic, partition, None, None))
+        m = self._head(topic, partition, local, required=True)
+        assert m is not None  # noqa: S101 - required=True raises instead
+        return m.next_offset
+
+    def offset_for_timestamp(
+        self, topic: str, partition: int, timestamp: int
+    ) -> TimestampAndOffset | None:
+        """The earliest offset whose record timestamp is >= `timestamp` (ms), as Kafka's
+        ListOffsets; -2 / -1 mean earliest / latest (timestamp -1 in the answer). None when
+        every record is older."""
+        _check_request(topic, partition)
+        if type(timestamp) is not int or timestamp < EARLIEST_TIMESTAMP:
+            raise InvalidRequest(f"timestamp must be >= -2 (ms, or -2/-1), got {timestamp!r}")
+        if timestamp == EARLIEST_TIMESTAMP:
+            return TimestampAndOffset(NO_TIMESTAMP, self.earliest_offset(topic, partition), None)
+        if timestamp == LATEST_TIMESTAMP:
+            return TimestampAndOffset(NO_TIMESTAMP, self.latest_offset(topic, partition), None)
+        self._count(timestamp_lookups=1)
+        local, lo, hi = self._local_range(topic, partition, None)
+        if self.config.topic_config(topic).remote_read and (lo is None or lo > 0):
+            m = self._head(topic, partition, local, required=lo is None)
+            if m is not None and m.last_offset >= 0 and (lo is None or m.log_start_offset < lo):
+                token = object()
+                try:
+                    found = self._remote_timestamp(m, timestamp, lo, token)
+                finally:
+                    self.cache.close_reader(token)
+                if found is not None:
+                    return found
+        elif lo is None:
+            raise RemoteReadDisabled(self._not_local(topic, partition, None, None))
+        if local is None or lo is None or hi is None:
+            return None
+        return local_offset_for_timestamp(local, timestamp, lo, hi)
+
+    # -- local log -----------------------------------------------------------------------------
+
+    def _local_range(
+        self, topic: str, partition: int, offset: int | None
+    ) -> tuple[PartitionLog | None, int | None, int | None]:
+        """The local partition and its readable [start, end) (end capped at the high
+        watermark); rescans the log dirs (at most once per TTL) when the snapshot does not
+        hold `offset` (a rolled or newly created segment)."""
+        part, lo, hi = self._local_snapshot(topic, partition)
+        stale = part is None or (offset is not None and hi is not None and offset >= hi)
+        if stale and self.local_log is not None and self._clock() - self._scanned_at >= self._ttl:
+            self._rescan()
+            part, lo, hi = self._local_snapshot(topic, partition)
+        return part, lo, hi
+
+    def _local_snapshot(
+        self, topic: str, partition: int
+    ) -> tuple[PartitionLog | None, int | None, int | None]:
+        if self.local_log is None:
+            return None, None, None
+        part = self.local_log.partitions.get(TopicPartition(topic, partition))
+        if part is None or not part.segments:
+            return part, None, None
+        try:
+            lo, leo = part.log_start_offset, part.log_end_offset()
+        except FileNotFoundError:
+            return None, None, None  # deleted under us: treat as not local
+        if lo is None or leo is None:
+            return part, None, None
+        hw = part.high_watermark
+        hi = leo if hw is None else min(hw, leo)
+        return part, lo, max(lo, hi)
+
+    def _rescan(self) -> None:
+        with self._lock:
+            self._scanned_at = self._clock()
+        assert self.local_log is not None  # noqa: S101 - callers check
+        self.local_log.scan()
+
+    # -- bucket --------------------------------------------------------------------------------
+
+    def _remote_for(
+        self, topic: str, partition: int, local: PartitionLog | None, offset: int,
+        lo: int | None,
+    ) -> PartitionManifest:
+        """The head manifest to serve `offset` from, or the error saying why not."""
+        if not self.config.topic_config(topic).remote_read:
+            self._count(out_of_range=1)
+            raise RemoteReadDisabled(self._not_local(topic, partition, offset, lo))
+        m = self._head(topic, partition, local, required=True)
+        assert m is not None  # noqa: S101 - required=True raises instead
+        return m
+
+    def _not_local(self, topic: str, partition: int, offset: int | None, lo: int | None) -> str:
+        what = f"offset {offset}" if offset is not None else "the partition"
+        where = f" (the local log starts at {lo})" if lo is not None else ""
+        return (f"{topic}-{partition}: {what} is not on local disk{where} and remote read is "
+                "disabled for the topic (redpanda.remote.read / cloud_storage_enable_remote_read)")
+
+    def _head(
+        self, topic: str, partition: int, local: PartitionLog | None, *, required: bool
+    ) -> PartitionManifest | None:
+        """The partition's head manifest (cached for the TTL); None, or UnknownPartition when
+        `required`, if the bucket has nothing for it."""
+        revision, count = self._revision(topic, local)
+        if count is not None and partition >= count and local is None:
+            raise UnknownPartition(f"{topic}-{partition}: the topic has {count} partitions")
+        key = (topic, partition, revision)
+        now = self._clock()
+        hit = self._heads.get(key)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        m, etag = self.manifests.load(topic, partition, revision)
+        if etag is None or m.last_offset < 0:
+            self._heads.pop(key)
+            if required:
+                raise UnknownPartition(
+                    f"{topic}-{partition}: not in the local log dirs and nothing in the bucket "
+                    f"for revision {revision}" if local is None else
+                    f"{topic}-{partition}: nothing in the bucket for revision {revision}")
+            return None
+        self._heads.put(key, (now, m))
+        return m
+
+    def _revision(self, topic: str, local: PartitionLog | None) -> tuple[str, int | None]:
+        """(revision, partition count if a topic manifest says) as the archiver names it."""
+        if local is not None:
+            return ("0" if local.topic_id is None else topic_id_to_str(local.topic_id)), None
+        now = self._clock()
+        hit = self._revisions.get(topic)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1], hit[2]
+        prefix = f"{keys.topic_prefix_digit(topic)}0000000/{keys.TOPIC_PREFIX_DIR}/{topic}/"
+        found: list[tuple[float, str]] = []
+        for info in self.store.list(prefix):
+            parsed = keys.parse_topic_manifest_key(info.key)
+            if parsed is not None and parsed[0] == topic:
+                found.append((info.last_modified, parsed[1]))
+        revision, count = "0", None
+        if found:
+            revision = max(found)[1]
+            tm = load_topic_manifest(self.store, topic, revision)
+            count = None if tm is None else tm.partition_count
+        self._revisions.put(topic, (now, revision, count))
+        return revision, count
+
+    def _remote_timestamp(
+        self, m: PartitionManifest, timestamp: int, stop: int | None, token: Hashable
+    ) -> TimestampAndOffset | None:
+        """First record at or after `timestamp` among bucket offsets below `stop` (None: all)."""
+        first = self.manifests.find_timestamp(m, timestamp)
+        if first is None:
+            return None
+        for seg in self.manifests.iter_segments(m, first.base_offset):
+            if stop is not None and seg.base_offset >= stop:
+                return None
+            if seg.max_timestamp < timestamp:
+                continue
+            found = self.remote.offset_for_timestamp(
+                m, seg, timestamp, max(seg.base_offset, m.log_start_offset), token)
+            if found is not None:
+                return found
+        return None
+
+    # -- the fetch loop ------------------------------------------------------------------------
+
+    def _fetch_once(
+        self, topic: str, partition: int, offset: int, max_bytes: int, reader_id: Hashable,
+        session: bool,
+    ) -> FetchResult:
+        local, lo, hi = self._local_range(topic, partition, offset)
+        m: PartitionManifest | None = None
+        if lo is not None and hi is not None and lo <= offset < hi:
+            pass  # served locally: no store request at all
+        elif hi is not None and offset >= hi:
+            self._count(out_of_range=1)
+            raise OffsetOutOfRange(
+                f"{topic}-{partition}: offset {offset} is at or past the log end {hi} "
+                f"(readable offsets: {self._bounds_text(lo, hi)})")
+        else:
+            m = self._remote_for(topic, partition, local, offset, lo)
+            start = m.log_start_offset if lo is None else min(lo, m.log_start_offset)
+            end = hi if hi is not None else m.next_offset
+            gap = lo is not None and m.next_offset < lo
+            if offset < start or offset >= end or (gap and m.next_offset <= offset):
+                self._count(out_of_range=1)
+                raise OffsetOutOfRange(
+                    f"{topic}-{partition}: offset {offset} is outside the readable offsets "
+                    f"{self._bounds_text(start, end)}"
+                    + (f" (offsets {m.next_offset}..{lo - 1} are neither local nor in the "
+                       "bucket)" if gap and lo is not None else ""))
+        pieces: list[bytes] = []
+        sources: list[str] = []
+        budget, nxt = max_bytes, offset
+        remote_iter = None if m is None else self.manifests.iter_segments(m, offset)
+        while True:
+            first = not pieces
+            got: tuple[bytes, Span] | None
+            if local is not None and lo is not None and hi is not None and lo <= nxt < hi:
+                try:
+                    got = self.local.read(local, nxt, budget, first, hi)
+                except FileNotFoundError as err:
+                    if pieces:
+                        break  # serve what we have; the next fetch goes to the bucket
+                    raise _LocalVanished(str(err)) from None
+                where = "local"
+            elif remote_iter is not None and m is not None and nxt <= m.last_offset:
+                seg = next((s for s in remote_iter if s.last_offset >= nxt), None)
+                got = None if seg is None else self.remote.read(
+                    m, seg, nxt, budget, first, reader_id, session=session)
+                where = "remote"
+            else:
+                got = None
+            if got is None:
+                break
+            data, span = got
+            if data:
+                pieces.append(data)
+                budget -= len(data)
+                if where not in sources:
+                    sources.append(where)
+            nxt = max(nxt, span.next_offset)
+            if not span.exhausted or (budget <= 0 and pieces):
+                break
+        out = b"".join(pieces)
+        self._count(**({"local_fetches": 1, "local_bytes": len(out)} if m is None
+                       else {"remote_fetches": 1, "remote_bytes": len(out)}))
+        log_start = lo if m is None else (m.log_start_offset if lo is None
+                                          else min(lo, m.log_start_offset))
+        log_end = hi if hi is not None else (None if m is None else m.next_offset)
+        return FetchResult(topic, partition, offset, out, nxt, log_start, log_end,
+                           "+".join(sources) or "none")
+
+    @staticmethod
+    def _bounds_text(lo: int | None, hi: int | None) -> str:
+        if lo is None or hi is None or hi <= lo:
+            return "none: the log is empty" if hi is not None else "unknown"
+        return f"{lo}..{hi - 1}"
+
+
+def _check_request(topic: object, partition: object) -> None:
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise InvalidRequest(problem)
+    if type(partition) is not int or not 0 <= partition <= keys.MAX_PARTITION:
+        raise InvalidRequest(
+            f"partition must be an integer in 0..{keys.MAX_PARTITION}, got {partition!r}")
+
+
+def _make_cache(config: Config, store: ObjectStore) -> ChunkCache:
+    from cache.accounting import CacheSettings
+
+    settings = CacheSettings.from_cluster(config.cluster)
+
+    def fetch(key: str, begin: int, end: int) -> bytes:
+        return store.get(key, byte_range=(begin, end))
+
+    return ChunkCache(config.cache_dir, settings, fetch, strategy=settings.eviction_strategy)

@@ -1,0 +1,441 @@
+"""Reading whole record batches out of segments: local `.log` files and segment objects in
+the bucket (through the chunked cache), with one span rule for both.
+
+`RemoteSegments` keeps, per segment object, its offset index (the `.index` object beside it,
+downloaded once), the chunk plan made from the index positions and the cache handle, in a small
+LRU. A read positions itself with the index (a lower bound), walks batch headers from there in
+windows of `WALK_WINDOW_BYTES` (headers only), picks whole batches with `take_batches`, reads
+them through the cache and checks them with `check_batches` before returning them.
+
+Chunk boundaries (`cache.chunks.plan_chunks` over the index positions): with Kafka's default
+`log.index.interval.bytes` (4 KiB) the index is dense enough for any chunk size. When it is
+sparse, missing or corrupt, chunks can only end at the boundaries known, so they grow past
+`cloud_storage_cache_chunk_size` (no index at all: one chunk, the whole segment, checked against
+the manifest's CRC-32C of the object); the header walk still finds the batch, it reads more.
+
+The span logic (`take_batches`, `check_batches`) is shared by `LocalSegments.read` (a local
+segment through its `.index` and `LogFile`) and `RemoteSegments.read`, so both serve exactly
+the same batches; `tiered.reader` chains them across segments.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
+
+import crc32c
+
+from cache.chunk_cache import ChunkCache, ReaderId, SegmentHandle
+from cache.chunks import plan_chunks
+from manifests import keys
+from manifests.manifest import PartitionManifest
+from manifests.model import SegmentMeta
+from tiered.errors import CorruptSegmentError
+from tiered.index import OffsetIndex, TimeIndex
+from tiered.local_log import PartitionLog
+from tiered.records import (
+    BATCH_HEADER,
+    MAGIC_V2,
+    MIN_BATCH_LENGTH,
+    BatchHeader,
+    decode_batch,
+    iter_batch_headers,
+)
+from tiered.segment import Segment, TimestampAndOffset
+from tiered.store.base import ObjectStore
+from tiered.store.errors import ObjectNotFound
+
+__all__ = [
+    "LocalSegments",
+    "Lru",
+    "RemoteSegments",
+    "Span",
+    "check_batches",
+    "chunk_verifier",
+    "local_offset_for_timestamp",
+    "take_batches",
+]
+
+log = logging.getLogger(__name__)
+
+#: segments whose (index, chunk plan, cache handle) stay in memory; an index is at most
+#: 10 MiB (`log.index.size.max.bytes`) and usually a few KiB
+INDEX_LRU_ENTRIES = 128
+#: consumer sessions whose position in a remote segment is remembered
+RESUME_ENTRIES = 4096
+#: bytes read per step while walking batch headers of a remote segment
+WALK_WINDOW_BYTES = 256 * 1024
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+IndexT = TypeVar("IndexT", OffsetIndex, TimeIndex)
+
+
+class Lru(Generic[K, V]):
+    """A small thread-safe LRU bounded by entries."""
+
+    def __init__(self, entries: int) -> None:
+        self._entries = entries
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self._entries:
+                self._data.popitem(last=False)
+
+    def pop(self, key: K) -> None:
+        with self._lock:
+            self._data.pop(key, None)
+
+
+@dataclass(frozen=True)
+class Span:
+    """Batches taken from one segment: bytes [begin, end) of it, and the next offset."""
+
+    begin: int | None
+    end: int
+    next_offset: int
+    #: the segment ran out (more may follow in the next one), not the budget or the limit
+    exhausted: bool
+
+
+def take_batches(
+    headers: Iterable[BatchHeader], offset: int, budget: int, first: bool, limit: int | None
+) -> Span:
+    """Choose batches from a header walk: skip those ending before `offset`, then take whole
+    batches while they fit `budget` bytes (the very first of the fetch regardless, when
+    `first`: KIP-74), stopping before a batch reaching offset `limit` (the high watermark)."""
+    begin: int | None = None
+    end = 0
+    next_offset = offset
+    for h in headers:
+        if h.last_offset < offset:
+            continue
+        if limit is not None and h.last_offset >= limit:
+            return Span(begin, end, next_offset, False)
+        taken = 0 if begin is None else end - begin
+        if taken + h.size > budget and not (first and begin is None):
+            return Span(begin, end, next_offset, False)
+        if begin is None:
+            begin = h.position
+        end, next_offset = h.end_position, h.last_offset + 1
+    return Span(begin, end, next_offset, True)
+
+
+def check_batches(data: bytes, where: str, base_position: int, low: int, high: int) -> None:
+    """CRC-32C and structure of every batch in `data` (whole batches read from byte
+    `base_position` of `where`), offsets within [low, high]; CorruptSegmentError otherwise."""
+    try:
+        for h in iter_batch_headers(data, path=where):
+            if h.base_offset < low or h.last_offset > high:
+                raise CorruptSegmentError(
+                    f"batch offsets {h.base_offset}..{h.last_offset} are outside the "
+                    f"expected {low}..{high}",
+                    path=where,
+                    position=h.position,
+                )
+    except CorruptSegmentError as err:
+        raise err.at(path=where, base_position=base_position) from None
+
+
+def chunk_verifier(key: str, seg: SegmentMeta) -> Callable[[bytes, int], None]:
+    """What the cache runs on every downloaded chunk before it is stored or served: every
+    batch's CRC-32C and offsets, plus the object's CRC-32C from the manifest when the chunk is
+    the whole segment. Raises CorruptSegmentError naming the key and byte."""
+
+    def verify(data: bytes, begin: int) -> None:
+        check_batches(data, key, begin, seg.base_offset, seg.last_offset)
+        if begin == 0 and len(data) == seg.size_bytes:
+            actual = crc32c.crc32c(data)
+            if actual != seg.checksum:
+                raise CorruptSegmentError(
+                    f"object CRC-32C {actual:08x} differs from the manifest's "
+                    f"{seg.checksum:08x}", path=key)
+
+    return verify
+
+
+class Window:
+    """Forward-only reads of one segment object in contiguous windows, keeping the bytes from
+    a moving start: every chunk is read once, while the cache still holds it for this reader
+    (the eager strategy lets a chunk go as soon as its reader moves past it)."""
+
+    def __init__(self, read: Callable[[int, int], bytes], size: int, pos: int,
+                 starts: Sequence[int], where: str) -> None:
+        self._read = read
+        self.size = size
+        self.where = where
+        self._starts = starts
+        self._buf = bytearray()
+        self._buf_start = pos
+
+    def _window_end(self, at: int) -> int:
+        """Reads stop inside the chunk holding `at` (and after WALK_WINDOW_BYTES), so a read
+        never downloads a chunk beyond the one it is in. They stop one byte short of the
+        chunk's end: a read ending exactly there tells the cache this reader is done with the
+        chunk, which eager eviction then drops, although the next fetch usually starts in it
+        (the batch that did not fit). The last byte is read when it is really needed."""
+        i = bisect.bisect_right(self._starts, at)
+        chunk_end = self._starts[i] if i < len(self._starts) else self.size
+        if chunk_end - at > 1:
+            chunk_end -= 1
+        return min(self.size, chunk_end, at + WALK_WINDOW_BYTES)
+
+    def ensure(self, end: int) -> None:
+        """Make bytes up to `end` (exclusive, <= size) available."""
+        while (at := self._buf_start + len(self._buf)) < end:
+            got = self._read(at, self._window_end(at))
+            if not got:
+                raise CorruptSegmentError("segment object is shorter than the manifest says",
+                                          path=self.where, position=at)
+            self._buf += got
+
+    def discard_before(self, pos: int) -> None:
+        if pos > self._buf_start:
+            del self._buf[: pos - self._buf_start]
+            self._buf_start = pos
+
+    def slice(self, begin: int, end: int) -> bytes:
+        self.ensure(end)
+        return bytes(self._buf[begin - self._buf_start: end - self._buf_start])
+
+    def headers(self, pos: int, offset: int) -> Iterator[BatchHeader]:
+        """Batch headers from byte `pos` (a batch boundary) to the end, positions absolute;
+        bytes of batches ending before `offset` are dropped as the walk passes them. CRCs are
+        checked later, on what is served."""
+        size, where = self.size, self.where
+        while pos < size:
+            if size - pos < BATCH_HEADER.size:
+                raise CorruptSegmentError(
+                    f"truncated batch: {size - pos} bytes left, a header needs "
+                    f"{BATCH_HEADER.size}", path=where, position=pos)
+            self.ensure(pos + BATCH_HEADER.size)
+            h = BatchHeader(pos, *BATCH_HEADER.unpack_from(self._buf, pos - self._buf_start))
+            if h.magic != MAGIC_V2 or h.batch_length < MIN_BATCH_LENGTH or h.end_position > size:
+                raise CorruptSegmentError(
+                    f"bad batch header (magic {h.magic}, length {h.batch_length}, "
+                    f"{size - pos} bytes left)", path=where, position=pos)
+            if h.last_offset < offset:
+                self.discard_before(h.end_position)
+            yield h
+            pos = h.end_position
+
+
+@dataclass(frozen=True)
+class _Opened:
+    key: str
+    meta: SegmentMeta
+    index: OffsetIndex
+    handle: SegmentHandle
+
+
+class RemoteSegments:
+    """Segment objects of the bucket, read through `cache` (thread-safe)."""
+
+    def __init__(self, store: ObjectStore, cache: ChunkCache, chunk_size: int) -> None:
+        self.store = store
+        self.cache = cache
+        self.chunk_size = chunk_size
+        self._opened: Lru[str, _Opened] = Lru(INDEX_LRU_ENTRIES)
+        self._time_indexes: Lru[str, TimeIndex] = Lru(INDEX_LRU_ENTRIES)
+        #: (reader, segment key) -> (next offset, its byte position) of consumer sessions
+        self._resume: Lru[tuple[ReaderId | None, str], tuple[int, int]] = Lru(RESUME_ENTRIES)
+        self._lock = threading.Lock()
+        #: `.index` / `.timeindex` objects downloaded; segments read without a usable one
+        self.index_downloads = 0
+        self.index_fallbacks = 0
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def _open(self, m: PartitionManifest, seg: SegmentMeta) -> _Opened:
+        key = m.segment_key(seg)
+        hit = self._opened.get(key)
+        if hit is not None and hit.meta == seg:
+            return hit
+        if seg.size_bytes == 0:
+            raise CorruptSegmentError("the manifest lists an empty segment object", path=key)
+        index = self._index(m, seg, OffsetIndex, "index")
+        try:
+            starts = plan_chunks([e.position for e in index], seg.size_bytes, self.chunk_size)
+        except CorruptSegmentError as err:
+            log.warning("%s: index does not fit the segment (%s); reading it whole", key,
+                        err.reason)
+            self._count("index_fallbacks")
+            index, starts = OffsetIndex(seg.base_offset), [0]
+        handle = self.cache.open_segment(key, seg.size_bytes, starts, chunk_verifier(key, seg))
+        opened = _Opened(key, seg, index, handle)
+        self._opened.put(key, opened)
+        return opened
+
+    def _index(self, m: PartitionManifest, seg: SegmentMeta, cls: type[IndexT],
+               kind: str) -> IndexT:
+        """The `.index` / `.timeindex` object beside a segment; empty (a scan from byte 0) when
+        it is missing or corrupt, which costs speed, never correctness."""
+        key = keys.object_key(m.topic, m.partition, m.revision,
+                              keys.index_name(seg.object_name, kind))
+        try:
+            data = self.store.get(key)
+            self._count("index_downloads")
+            return cls.from_bytes(data, base_offset=seg.base_offset, path=key)
+        except (ObjectNotFound, CorruptSegmentError) as err:
+            log.warning("%s: unusable (%s); scanning the segment instead", key, err)
+            self._count("index_fallbacks")
+            return cls(seg.base_offset, path=key)
+
+    def read(
+        self, m: PartitionManifest, seg: SegmentMeta, offset: int, budget: int, first: bool,
+        reader: ReaderId | None = None, *, session: bool = False,
+    ) -> tuple[bytes, Span]:
+        """Whole batches of `seg` from the one holding `offset` within `budget` bytes (see
+        `take_batches`), CRC-checked; an exhausted span's next offset is the segment's end.
+
+        With `session` (a named consumer), where the read stopped is remembered, and a read
+        asking for exactly that offset next starts there instead of at the index's lower bound:
+        an index entry names the batch *before* the one wanted, which may sit in a chunk the
+        consumer has already left (and eager eviction dropped), so resuming from the index
+        would download that chunk again at every chunk boundary."""
+        rs = self._open(m, seg)
+
+        def read(begin: int, end: int) -> bytes:
+            return rs.handle.read(begin, end, reader=reader)
+
+        resume = self._resume.get((reader, rs.key)) if session else None
+        if resume is not None and resume[0] == offset:
+            start = resume[1]
+        else:
+            start = rs.index.lookup(offset, max_position=seg.size_bytes).position
+        window = Window(read, seg.size_bytes, start, rs.handle.chunk_starts, rs.key)
+        span = take_batches(window.headers(start, offset), offset, budget, first, None)
+        data = b""
+        if span.begin is not None:
+            data = window.slice(span.begin, span.end)
+            check_batches(data, rs.key, span.begin, seg.base_offset, seg.last_offset)
+            if session:
+                self._resume.put((reader, rs.key), (span.next_offset, span.end))
+        if span.exhausted:
+            span = replace(span, next_offset=seg.next_offset)
+        return data, span
+
+    def offset_for_timestamp(
+        self, m: PartitionManifest, seg: SegmentMeta, timestamp: int, starting: int,
+        reader: ReaderId | None = None,
+    ) -> TimestampAndOffset | None:
+        """The first record of `seg` at or above offset `starting` whose timestamp is >=
+        `timestamp` (ms), as Kafka's LogSegment.findOffsetByTimestamp: time index -> offset
+        index -> header walk, decoding (and CRC-checking) only a batch that qualifies."""
+        rs = self._open(m, seg)
+        times = self._time_indexes.get(rs.key)
+        if times is None:
+            times = self._index(m, seg, TimeIndex, "timeindex")
+            self._time_indexes.put(rs.key, times)
+        entry = times.lookup(timestamp)
+        start = rs.index.lookup(max(entry.offset, starting), max_position=seg.size_bytes)
+
+        def read(begin: int, end: int) -> bytes:
+            return rs.handle.read(begin, end, reader=reader)
+
+        window = Window(read, seg.size_bytes, start.position, rs.handle.chunk_starts, rs.key)
+        for h in window.headers(start.position, starting):
+            if h.max_timestamp < timestamp or h.last_offset < starting:
+                window.discard_before(h.end_position)
+                continue
+            try:
+                batch = decode_batch(window.slice(h.position, h.end_position), path=rs.key)
+            except CorruptSegmentError as err:
+                raise err.at(path=rs.key, base_position=h.position) from None
+            for r in batch.records:
+                if r.timestamp >= timestamp and r.offset >= starting:
+                    epoch = h.partition_leader_epoch
+                    return TimestampAndOffset(r.timestamp, r.offset, epoch if epoch >= 0 else None)
+        return None
+
+
+
+# -- local segments ------------------------------------------------------------------------------
+
+
+class LocalSegments:
+    """Reads of local segments, keeping parsed `.index` files of closed segments (immutable
+    until deleted; keyed by path, size and mtime) so a local hit does not re-parse the index
+    every fetch."""
+
+    def __init__(self, entries: int = INDEX_LRU_ENTRIES) -> None:
+        self._indexes: Lru[tuple[str, int, int], OffsetIndex] = Lru(entries)
+
+    def _offset_index(self, seg: Segment) -> OffsetIndex:
+        if seg.active:
+            return seg.offset_index()
+        try:
+            st = os.stat(seg.index_path)
+        except FileNotFoundError:
+            return seg.offset_index()  # missing: an empty index, the scan starts at 0
+        key = (str(seg.index_path), st.st_size, st.st_mtime_ns)
+        index = self._indexes.get(key)
+        if index is None:
+            index = seg.offset_index()
+            self._indexes.put(key, index)
+        return index
+
+    def read(
+        self, part: PartitionLog, offset: int, budget: int, first: bool, limit: int
+    ) -> tuple[bytes, Span] | None:
+        """Whole batches from the local segment holding `offset` (see `take_batches`; `limit`
+        is the high watermark), CRC-checked; None when no segment holds it. An exhausted
+        span's next offset is the next segment's base; at the end of the local log the span is
+        not exhausted. A segment deleted or truncated under the read raises
+        FileNotFoundError."""
+        bases = [s.base_offset for s in part.segments]
+        i = bisect.bisect_right(bases, offset) - 1
+        if i < 0:
+            return None
+        seg: Segment = part.segments[i]
+        index = self._offset_index(seg)
+        with seg.open_log() as f:
+            start = index.lookup(offset, max_position=f.size).position
+            span = take_batches(f.headers(start), offset, budget, first, limit)
+            data = b"" if span.begin is None else f.read(span.begin, span.end - span.begin)
+        if span.begin is not None:
+            if len(data) != span.end - span.begin:
+                raise FileNotFoundError(f"{seg.log_path} shrank while being read")
+            check_batches(data, str(seg.log_path), span.begin, seg.base_offset, limit)
+        if i + 1 < len(part.segments) and span.exhausted:
+            span = replace(span, next_offset=max(span.next_offset,
+                                                 part.segments[i + 1].base_offset))
+        elif span.exhausted:
+            span = replace(span, exhausted=False)  # the end of the local log
+        return data, span
+
+
+def local_offset_for_timestamp(
+    part: PartitionLog, timestamp: int, lo: int, hi: int
+) -> TimestampAndOffset | None:
+    """The first local record in offsets [lo, hi) whose timestamp is >= `timestamp` (ms),
+    skipping segments whose max timestamp is older."""
+    for seg in part.segments:
+        if seg.base_offset >= hi:
+            break
+        top = seg.max_timestamp()
+        if top is None or top < timestamp:
+            continue
+        found = seg.offset_for_timestamp(timestamp, starting_offset=max(lo, seg.base_offset))
+        if found is not None and found.offset < hi:
+            return found
+    return None

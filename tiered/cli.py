@@ -154,6 +154,7 @@ def log_dump(path: Path, records: bool, as_json: bool) -> None:
         sys.exit(1)
 
 # Commands defined elsewhere register themselves on `cli` when imported.
+import spark_jobs.cli  # noqa: E402,F401 - merge, recover, scrub
 import tiered.cli_fetch  # noqa: E402,F401 - fetch
 import tiered.commands  # noqa: E402,F401 - run, archive, describe-storage, demo
 

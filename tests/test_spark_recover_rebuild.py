@@ -1,0 +1,235 @@
+"""`tiered recover --rebuild-manifests`: manifests rebuilt from the segment objects alone.
+
+Invariants defended: 4 (a rebuilt manifest is contiguous; a hole is reported, never guessed
+across), 5 (every object is verified before it is listed), 6 (heads are committed by
+compare-and-swap, an unreadable one replaced only on its own ETag)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+from test_spark_recover_support import (
+    INDEX_INTERVAL_BYTES,
+    REVISION,
+    TOPIC,
+    Archived,
+    archive,
+    archive_with_archiver,
+    delete_all_manifests,
+    make_config,
+    make_context,
+    segment_key,
+    write_log,
+)
+
+from manifests import keys
+from manifests.model import SegmentMeta
+from manifests.topic import load_topic_manifest
+from spark_jobs.common import JobContext
+from spark_jobs.rebuild import plan_chain
+from spark_jobs.recover import run_rebuild_manifests, run_recover
+from tiered.checkpoints import TopicPartition
+from tiered.local_log import LocalLog
+from tiered.store import open_store
+from tiered.store.base import ObjectStore
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _seg(base: int, last: int, term: int = 1, name: str = "") -> SegmentMeta:
+    return SegmentMeta(base, last, 0, 0, 10, 1, term, 0, name=name)
+
+
+# -- chain planning (pure) ----------------------------------------------------------------------
+
+
+def test_plan_chain_takes_a_contiguous_run() -> None:
+    segs = [_seg(10, 19), _seg(0, 9), _seg(20, 29)]
+    plan = plan_chain(segs)
+    assert plan.problem is None
+    assert [s.base_offset for s in plan.chain] == [0, 10, 20]
+    assert plan.unused == ()
+
+
+def test_plan_chain_prefers_the_merged_object_and_reports_the_originals() -> None:
+    originals = [_seg(0, 9), _seg(10, 19)]
+    merged = _seg(0, 19, term=1, name=keys.segment_name(0, 19, 1, generation=1))
+    plan = plan_chain([*originals, merged, _seg(20, 29)])
+    assert [s.object_name for s in plan.chain] == [merged.object_name, "20-29-1.log"]
+    assert set(plan.unused) == set(originals)
+
+
+def test_plan_chain_prefers_the_newer_writer_for_the_same_range() -> None:
+    old, new = _seg(10, 19, term=1), _seg(10, 19, term=3)
+    plan = plan_chain([_seg(0, 9), old, new])
+    assert plan.chain[1] == new
+    assert plan.unused == (old,)
+
+
+def test_plan_chain_reports_a_gap_instead_of_guessing() -> None:
+    plan = plan_chain([_seg(0, 9), _seg(10, 19), _seg(30, 39), _seg(40, 49)])
+    assert plan.chain == ()
+    assert plan.problem is not None and "gap: offsets 20..29" in plan.problem
+
+
+def test_plan_chain_reports_objects_without_a_common_boundary() -> None:
+    plan = plan_chain([_seg(0, 9), _seg(10, 19), _seg(15, 29)])
+    assert plan.chain == ()
+    assert plan.problem is not None and "no segment object starts at offset 20" in plan.problem
+
+
+def test_plan_chain_of_nothing_is_empty() -> None:
+    assert plan_chain([]).chain == ()
+
+
+# -- the job ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bucket(tmp_path: Path, spark: Any) -> Iterator[tuple[JobContext, ObjectStore, Archived]]:
+    config = make_config(tmp_path, log_index_interval_bytes=INDEX_INTERVAL_BYTES)
+    store = open_store(config.store_settings(), probe=False)
+    ctx = make_context(config, store)
+    archived = archive(store, ctx, write_log(tmp_path / "log", partitions=2))
+    yield ctx, store, archived
+    store.close()
+
+
+def _head_segments(ctx: JobContext, partition: int) -> list[SegmentMeta]:
+    m, etag = ctx.manifests.load(TOPIC, partition, REVISION)
+    assert etag is not None
+    return list(ctx.manifests.iter_segments(m))
+
+
+def test_rebuilt_manifests_describe_the_same_segments(
+    tmp_path: Path, bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    ctx, store, archived = bucket
+    lost = delete_all_manifests(store)
+    assert any(k.endswith("topic_manifest.json") for k in lost)
+
+    summary = run_rebuild_manifests(ctx, topic=None)
+
+    assert summary["ok"], summary["errors"]
+    assert len(summary["rebuilt"]) == 2
+    for partition, segments in archived.segments.items():
+        assert _head_segments(ctx, partition) == segments
+    t = load_topic_manifest(store, TOPIC, REVISION)
+    assert t is not None and t.partition_count == 2
+    assert summary["topic_manifests_created"] == [t.key]
+    # and the rebuilt bucket recovers
+    out = tmp_path / "recovered"
+    assert run_recover(ctx, topic=TOPIC, log_dir=out, max_bytes=None)["ok"]
+    assert TopicPartition(TOPIC, 1) in LocalLog([out])
+
+
+def test_intact_manifests_are_left_alone(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    ctx, store, _ = bucket
+    key = keys.partition_manifest_key(TOPIC, 0, REVISION)
+    etag = store.head(key).etag
+
+    summary = run_rebuild_manifests(ctx, topic=TOPIC)
+
+    assert summary["ok"]
+    assert len(summary["intact"]) == 2 and summary["rebuilt"] == []
+    assert store.head(key).etag == etag
+
+
+def test_a_gap_is_reported_not_guessed(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    ctx, store, archived = bucket
+    delete_all_manifests(store)
+    hole = archived.segments[0][2]
+    store.delete_many([segment_key(0, hole)])
+
+    summary = run_rebuild_manifests(ctx, topic=TOPIC)
+
+    assert not summary["ok"]
+    assert len(summary["failed"]) == 1
+    error = summary["failed"][0]["error"]
+    assert f"gap: offsets {hole.base_offset}..{hole.last_offset}" in error
+    assert any(f"{TOPIC}/0" in e and "gap" in e for e in summary["errors"])
+    _, etag = ctx.manifests.load(TOPIC, 0, REVISION)
+    assert etag is None  # nothing committed for the partition with the hole
+    assert _head_segments(ctx, 1) == archived.segments[1]  # the other one is rebuilt
+
+
+def test_merge_leftovers_become_orphans(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    ctx, store, archived = bucket
+    first, second = archived.segments[0][:2]
+    data = store.get(segment_key(0, first)) + store.get(segment_key(0, second))
+    merged_name = keys.segment_name(first.base_offset, second.last_offset, 1, generation=1)
+    merged_key = keys.object_key(TOPIC, 0, REVISION, merged_name)
+    store.put(merged_key, data)
+    delete_all_manifests(store)
+
+    summary = run_rebuild_manifests(ctx, topic=TOPIC)
+
+    assert summary["ok"], summary["errors"]
+    segs = _head_segments(ctx, 0)
+    assert segs[0].object_name == merged_name
+    assert segs[0].checksum == crc32c.crc32c(data) and segs[0].size_bytes == len(data)
+    assert segs[1:] == archived.segments[0][2:]
+    row = next(r for r in summary["rebuilt"] if r["partition"].startswith(f"{TOPIC}/0 "))
+    assert sorted(row["orphans"]) == sorted([segment_key(0, first), segment_key(0, second)])
+
+
+def test_a_corrupt_head_is_replaced_on_its_etag_and_kept_aside(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    ctx, store, archived = bucket
+    key = keys.partition_manifest_key(TOPIC, 1, REVISION)
+    store.put(key, b'{"version":1,"kind":"partition", garbage')
+
+    summary = run_rebuild_manifests(ctx, topic=TOPIC)
+
+    assert summary["ok"], summary["errors"]
+    [row] = summary["rebuilt"]
+    assert row["head"] == "corrupt"
+    assert store.get(row["quarantined"]) == b'{"version":1,"kind":"partition", garbage'
+    assert _head_segments(ctx, 1) == archived.segments[1]
+
+
+def test_a_corrupt_object_is_not_listed(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    ctx, store, archived = bucket
+    delete_all_manifests(store)
+    victim = segment_key(0, archived.segments[0][-1])
+    data = bytearray(store.get(victim))
+    data[-5] ^= 0x01
+    store.put(victim, bytes(data))
+
+    summary = run_rebuild_manifests(ctx, topic=TOPIC)
+
+    # the newest object is unusable: the rebuilt log ends before it, and it is reported
+    assert not summary["ok"]
+    assert any(victim in e for e in summary["errors"])
+    row = next(r for r in summary["rebuilt"] if r["partition"].startswith(f"{TOPIC}/0 "))
+    assert len(row["corrupt"]) == 1 and victim in row["corrupt"][0]
+    assert _head_segments(ctx, 0) == archived.segments[0][:-1]
+
+
+def test_rebuild_what_the_archiver_uploaded(tmp_path: Path, spark: Any) -> None:
+    log_dir = write_log(tmp_path / "log", partitions=2)
+    config = make_config(tmp_path, log_dir=log_dir,
+                         log_index_interval_bytes=INDEX_INTERVAL_BYTES)
+    with open_store(config.store_settings()) as store:
+        ctx = make_context(config, store)
+        archived = archive_with_archiver(config, store, ctx)
+        delete_all_manifests(store)
+
+        summary = run_rebuild_manifests(ctx, topic=None)
+
+        assert summary["ok"], summary["errors"]
+        for partition, segments in archived.segments.items():
+            assert _head_segments(ctx, partition) == segments

@@ -56,6 +56,9 @@ class StoreSettings:
     #: objects at or above this size are uploaded by multipart upload
     multipart_threshold: int = 64 * 1024 * 1024
     multipart_chunksize: int = 16 * 1024 * 1024
+    #: parts of one multipart upload in flight at once; each holds one part in memory, so
+    #: peak memory per upload is about `multipart_concurrency * multipart_chunksize`
+    multipart_concurrency: int = 4
     #: documented single-writer opt-out: skip the conditional-write probe on stores that ignore
     #: If-Match / If-None-Match. Only safe when exactly one writer ever touches the bucket.
     allow_unconditional_writes: bool = False

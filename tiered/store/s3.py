@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -293,12 +294,26 @@ class S3Store(ObjectStore):
             lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=full),
         )
         upload_id = created["UploadId"]
+
+        def send(number: int, offset: int) -> dict[str, Any]:
+            body = read_part(offset, min(part_size, total - offset))
+            return {"ETag": self._upload_part(key, full, upload_id, number, body),
+                    "PartNumber": number}
+
+        offsets = list(enumerate(range(0, total, part_size), start=1))
+        workers = max(1, min(self.settings.multipart_concurrency, len(offsets)))
         try:
-            parts: builtins.list[dict[str, Any]] = []
-            for number, offset in enumerate(range(0, total, part_size), start=1):
-                body = read_part(offset, min(part_size, total - offset))
-                etag = self._upload_part(key, full, upload_id, number, body)
-                parts.append({"ETag": etag, "PartNumber": number})
+            # parts go up concurrently (a single large segment is otherwise bound by one
+            # connection's throughput), each retried on its own; the first failure cancels the
+            # parts not yet started and aborts the whole upload
+            with ThreadPoolExecutor(workers, thread_name_prefix="tiered-part") as pool:
+                futures = [pool.submit(send, number, offset) for number, offset in offsets]
+                try:
+                    parts = [f.result() for f in futures]
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
             done = self._call(
                 "complete_multipart_upload",
                 key,

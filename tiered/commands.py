@@ -46,15 +46,24 @@ def _load(config_path: Path, command: str) -> Config:
 
 
 @contextmanager
-def _archiver(config: Config, *, probe: bool) -> Iterator[Archiver]:
+def _archiver(
+    config: Config, *, probe: bool, full_speed: bool = False
+) -> Iterator[Archiver]:
     """An Archiver on the configured store, closed (with the store) afterwards. `probe`:
-    prove conditional writes first, needed by every command that commits manifests."""
+    prove conditional writes first, needed by every command that commits manifests.
+    `full_speed`: pin the upload budget at the controller's maximum shares. The PD controller
+    paces a running daemon by its backlog; a one-shot pass the operator asked for should not
+    crawl at minimum shares just because the disk is roomy."""
     from archiver.service import Archiver
     from tiered.store import open_store
 
     store = open_store(config.store_settings(), probe=probe)
     try:
-        archiver = Archiver(config, store)
+        from archiver.controller import ControllerParams
+
+        params = ControllerParams.from_properties(config.cluster)
+        shares = params.max_shares if full_speed else None
+        archiver = Archiver(config, store, fixed_shares=shares)
         try:
             yield archiver
         finally:
@@ -134,7 +143,7 @@ def archive_command(config_path: Path, once: bool, as_json: bool) -> None:
     if not once:
         raise click.UsageError("archive runs one pass: add --once (the daemon is `tiered run`)")
     config = _load(config_path, "archive")
-    with _archiver(config, probe=True) as archiver:
+    with _archiver(config, probe=True, full_speed=True) as archiver:
         report = archiver.run_once()
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))

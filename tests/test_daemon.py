@@ -18,13 +18,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.controller import ControllerOutput
-from archiver.service import ArchiverStats, PartitionReport, PassReport
+from archiver.service import Archiver, ArchiverStats, PartitionReport, PassReport
 from tiered.config import Config, parse_config
 from tiered.daemon import (
     UPLOAD_BACKOFF_MAX_S,
@@ -161,6 +161,7 @@ def _config(tmp_path: Path, **cluster: Any) -> Config:
     data = {
         "storage": {"url": (tmp_path / "bucket").as_uri()},
         "log": {"dirs": [str(tmp_path / "log")]},
+        "cache": {"dir": str(tmp_path / "cache")},
         "cluster": {
             "cloud_storage_housekeeping_interval_ms": 60_000,
             "cloud_storage_upload_ctrl_update_interval_ms": 20_000,
@@ -185,7 +186,8 @@ def _daemon(tmp_path: Path, time_: FakeTime, archiver: FakeArchiver,
     return Daemon(
         _config(tmp_path), DaemonOptions(metrics_port=0),
         open_store=kw.pop("open_store", lambda c: store),
-        new_archiver=lambda c, s: archiver, clock=time_.clock, wall_clock=lambda: 1.7e9,
+        new_archiver=lambda c, s: cast("Archiver", archiver), clock=time_.clock,
+        wall_clock=lambda: 1.7e9,
         stop=time_, **kw,
     )
 
@@ -252,8 +254,13 @@ def test_scheduler_action_can_ask_for_an_earlier_or_later_next_run() -> None:
 def test_scheduler_checks_stop_between_jobs() -> None:
     t = FakeTime()
     ran: list[str] = []
+
+    def first() -> None:
+        ran.append("first")
+        t.set()
+
     s = Scheduler(t.clock)
-    s.add("first", 1.0, lambda: (ran.append("first"), t.set())[-1])
+    s.add("first", 1.0, first)
     s.add("second", 1.0, lambda: ran.append("second"))
     s.run(t)
     assert ran == ["first"]
@@ -552,7 +559,9 @@ def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> 
     with stderr.open("w") as err:
         proc = subprocess.Popen(_tiered("run", "--config", str(config), "--metrics-port", "0"),
                                 stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                     # no [cache] dir: the default one, kept in the test's dir
+                                     "XDG_CACHE_HOME": str(tmp_path / "xdg")})
     try:
         _wait_for(lambda: "upload round" in stderr.read_text(), "the first upload round")
         if signum == signal.SIGTERM:  # the real archiver's numbers, over real HTTP
@@ -567,6 +576,11 @@ def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> 
                        for s in f.samples if not s.labels}
             assert samples["tiered_uploaded_segments_total"] >= 1
             assert samples["tiered_manifest_commits_total"] >= 1
+            # and records, on the same port
+            status, text = _get(url.group(1) + "/v1/topics/orders/partitions/0/records"
+                                "?offset=0&max_bytes=1&format=jsonl")
+            first = json.loads(text.splitlines()[0])
+            assert (status, first["offset"], first["key"]) == (200, 0, "MA==")  # b"0"
         proc.send_signal(signum)
         assert proc.wait(timeout=30) == 0
     finally:

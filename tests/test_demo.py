@@ -1,8 +1,10 @@
 """`tiered demo`: runs in a temporary directory, archives into its `file://` bucket (manifests
-committed, objects as the local files), trims local retention, and continues on a second run."""
+committed, objects as the local files), trims local retention, reads the oldest segment back
+from the bucket, and continues on a second run."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -12,9 +14,18 @@ from click.testing import CliRunner
 
 from archiver.service import revision_of
 from manifests import ManifestSettings, ManifestStore
+from tiered.checkpoints import TopicPartition
 from tiered.cli import cli
 from tiered.config import load_config
-from tiered.demo import DEMO_PARTITIONS, DEMO_TOPIC, demo_config, render_config_toml, run_demo
+from tiered.demo import (
+    DEMO_PARTITIONS,
+    DEMO_TOPIC,
+    demo_config,
+    read_back_line,
+    read_back_segment,
+    render_config_toml,
+    run_demo,
+)
 from tiered.local_log import LocalLog
 from tiered.store import open_store
 
@@ -51,6 +62,12 @@ def test_demo_command_archives_trims_and_shows(tmp_path: Path,
     assert "PARTITION" in result.stdout and "orders-2" in result.stdout
     assert lines[-1] == "next: tiered describe-storage --config tiered-demo/tiered.toml"
     assert len(lines) < 20  # a few readable lines
+    read_back = [line for line in lines if line.startswith("read offsets 0..")]
+    assert len(read_back) == 1, result.stdout
+    assert re.fullmatch(
+        r"read offsets 0\.\.(\d+) of orders-0 back from the bucket \(deleted locally\): "
+        r"[\d,]+ records in \d+ batches, byte-identical to what was written "
+        r"\(source=remote, [\d.]+ KiB downloaded\)", read_back[0]), read_back[0]
 
     manifests = _manifests(base)
     assert sorted(manifests) == list(range(DEMO_PARTITIONS))
@@ -81,6 +98,56 @@ def test_demo_enforces_local_retention_only_below_what_the_bucket_holds(tmp_path
         assert closed_local <= target.retention_local_target_bytes
 
 
+def test_demo_reads_the_first_segment_back_from_the_bucket_byte_identical(
+    tmp_path: Path,
+) -> None:
+    result = run_demo(tmp_path / "d", echo=lambda line: None)
+    rb = result.read_back
+    assert rb is not None and rb.ok and rb.identical and rb.error is None
+    assert (rb.topic, rb.partition, rb.first_offset) == (DEMO_TOPIC, 0, 0)
+    assert rb.source == "remote"
+    # what the demo compared against is the first segment object, which the archiver
+    # verified against the local file before uploading it
+    first = _manifests(tmp_path / "d")[0][0]
+    assert (rb.first_offset, rb.last_offset, rb.size_bytes) == first[:3]
+    assert rb.records == rb.last_offset - rb.first_offset + 1  # no compaction in the demo
+    assert rb.downloaded_bytes == rb.size_bytes  # one chunk: the whole 256 KiB segment
+    local = LocalLog(demo_config(tmp_path / "d").log_dirs)
+    assert all(p.log_start_offset is not None and p.log_start_offset > rb.last_offset
+               for p in local)
+
+
+def test_read_back_reports_changed_bytes_and_a_missing_object_and_skips_local_data(
+    tmp_path: Path,
+) -> None:
+    base = tmp_path / "d"
+    result = run_demo(base, echo=lambda line: None)
+    assert result.read_back is not None
+    config = demo_config(base)
+    part0 = LocalLog(config.log_dirs).partitions[TopicPartition(DEMO_TOPIC, 0)]
+    with open_store(config.store_settings(), probe=False) as store:
+        mstore = ManifestStore(store, ManifestSettings.from_cluster(config.cluster))
+        m, _ = mstore.load(DEMO_TOPIC, 0, revision_of(part0))
+        written = bytearray(store.get(m.segment_key(next(iter(mstore.iter_segments(m))))))
+        # what was written, off by one byte in the last record: the comparison catches it
+        written[-1] ^= 0xFF
+        bad = read_back_segment(config, store, 0, 0, bytes(written))
+        assert bad is not None and not bad.identical and not bad.ok
+        assert read_back_line(bad).startswith("error: offsets 0..")
+        # an offset the local log still has: nothing to prove, no read-back
+        start = part0.log_start_offset
+        assert start is not None
+        assert read_back_segment(config, store, 0, start, bytes(written)) is None
+        # the object gone from the bucket: a clear error, not a crash
+        written[-1] ^= 0xFF
+        store.delete_many([m.segment_key(next(iter(mstore.iter_segments(m))))])
+        gone = read_back_segment(config, store, 0, 0, bytes(written))
+        assert gone is not None and gone.error is not None and not gone.ok
+        assert read_back_line(gone).startswith(
+            f"error: reading offsets 0..{bad.last_offset} of orders-0 back from the bucket "
+            "failed: ")
+
+
 def test_a_second_run_continues_and_archives_only_what_is_new(tmp_path: Path) -> None:
     base = tmp_path / "d"
     first = run_demo(base, echo=lambda line: None)
@@ -94,6 +161,13 @@ def test_a_second_run_continues_and_archives_only_what_is_new(tmp_path: Path) ->
         # the earlier objects are untouched; new ones follow them
         assert after[partition][: len(before[partition])] == before[partition]
         assert len(after[partition]) > len(before[partition])
+    # the second run reads back the oldest segment the first run had left on local disk
+    assert first.read_back is not None and second.read_back is not None
+    local_start_after_first = next(r for r in first.rows if r["partition"] == 0)["local"]
+    assert second.read_back.first_offset == local_start_after_first["start_offset"] > 0
+    assert second.read_back.ok and second.read_back.source == "remote"
+    assert any(line.startswith(f"read offsets {second.read_back.first_offset}..")
+               for line in lines)
     uploaded = sum(p.uploaded_segments for p in second.report.partitions)
     assert uploaded == sum(len(after[p]) - len(before[p]) for p in before)
     assert {r["high_watermark"] for r in second.rows} == {

@@ -1,12 +1,13 @@
-"""Metrics: the collectors' families from archiver statistics, and the HTTP server that serves
-them (real HTTP on 127.0.0.1, ephemeral port)."""
+"""Metrics: the collectors' families from archiver, reader and cache statistics, and the HTTP
+server that serves them and routes other paths (real HTTP on 127.0.0.1, ephemeral port)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,11 +15,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from archiver.service import ArchiverStats
 from tiered.metrics import (
     ARCHIVER_METRICS,
+    CACHE_METRICS,
+    READER_METRICS,
     ArchiverCollector,
     Health,
     JobCounters,
     JobsCollector,
     MetricsServer,
+    ReaderCollector,
+    Response,
     make_registry,
 )
 
@@ -168,3 +173,155 @@ def test_port_zero_binds_an_ephemeral_port_and_stop_releases_it() -> None:
     srv.stop()
     again = MetricsServer("127.0.0.1", port, make_registry(), lambda: Health(200, {}))
     again.stop()  # the port was free again
+
+
+# --- the reader's and the cache's metrics ------------------------------------------------------
+
+
+def _reader_stats() -> dict[str, object]:
+    return {
+        "local_fetches": 4, "remote_fetches": 6, "local_bytes": 400, "remote_bytes": 6000,
+        "out_of_range": 2, "timestamp_lookups": 3, "index_downloads": 5, "index_fallbacks": 1,
+        "cache": {"hits": 10, "misses": 3, "joined": 1, "bytes_downloaded": 3 << 20,
+                  "evictions": 2, "prefetches": 4, "download_errors": 1, "corrupt_discarded": 1,
+                  "overshoots": 0, "hydrated_chunks": 2, "size_bytes": 2 << 20, "objects": 2,
+                  "readers": 1, "max_bytes": 1 << 30, "max_objects": 100_000},
+    }
+
+
+def test_every_reader_and_cache_stat_is_exported_with_its_value() -> None:
+    from prometheus_client import generate_latest
+
+    stats = _reader_stats()
+    samples = _samples(generate_latest(make_registry(ReaderCollector(lambda: stats))).decode())
+    assert samples[("tiered_fetches_total", (("source", "local"),))] == 4
+    assert samples[("tiered_fetches_total", (("source", "remote"),))] == 6
+    assert samples[("tiered_fetch_bytes_total", (("source", "local"),))] == 400
+    assert samples[("tiered_fetch_bytes_total", (("source", "remote"),))] == 6000
+    assert samples[("tiered_fetch_out_of_range_total", ())] == 2
+    assert samples[("tiered_cache_hits_total", ())] == 10
+    assert samples[("tiered_cache_misses_total", ())] == 3
+    assert samples[("tiered_cache_downloaded_bytes_total", ())] == 3 << 20
+    assert samples[("tiered_cache_evictions_total", ())] == 2
+    assert samples[("tiered_cache_hydrated_chunks", ())] == 2
+    assert samples[("tiered_cache_size_bytes", ())] == 2 << 20
+    assert samples[("tiered_cache_objects", ())] == 2
+    cache = stats["cache"]
+    assert isinstance(cache, dict)
+    for table, source in ((READER_METRICS, stats), (CACHE_METRICS, cache)):
+        for name, scalar in table.items():
+            sample = f"tiered_{name}_total" if scalar.kind == "counter" else f"tiered_{name}"
+            assert samples[(sample, ())] == source[scalar.field], name
+
+
+def test_reader_collector_exports_nothing_without_a_reader_or_when_stats_fail(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from prometheus_client import generate_latest
+
+    def broken() -> dict[str, object]:
+        raise RuntimeError("boom")
+
+    assert "tiered_" not in generate_latest(make_registry(ReaderCollector(lambda: None))).decode()
+    registry = make_registry(ReaderCollector(broken), JobsCollector(lambda: {}, lambda: True))
+    text = generate_latest(registry).decode()  # the scrape itself still succeeds
+    assert "tiered_fetches" not in text and "tiered_store_up 1.0" in text
+    assert "could not read the reader's statistics" in caplog.text
+
+
+# --- routes ------------------------------------------------------------------------------------
+
+
+def _request(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method),
+                                    timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_routes_get_method_raw_path_and_parsed_query() -> None:
+    calls: list[tuple[str, str, dict[str, list[str]]]] = []
+
+    def route(method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
+        calls.append((method, path, {k: list(v) for k, v in query.items()}))
+        body = b"" if method == "HEAD" else b"hello"
+        return 200, {"Content-Type": "text/plain", "Content-Length": "5", "X-Extra": "1"}, body
+
+    with MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                       {"/v1/": route}) as srv:
+        status, headers, body = _request(srv.url + "/v1/topics/a%2Fb/x?offset=3&max_bytes=")
+        assert (status, body, headers["X-Extra"]) == (200, b"hello", "1")
+        status, headers, body = _request(srv.url + "/v1/y?offset=1&offset=2", "HEAD")
+        assert (status, body, headers["Content-Length"]) == (200, b"", "5")
+        assert _request(srv.url + "/v1/z", "DELETE")[0] == 200
+        assert _request(srv.url + "/metrics")[0] == 200  # beside the built-in paths
+    assert calls == [
+        ("GET", "/v1/topics/a%2Fb/x", {"offset": ["3"], "max_bytes": [""]}),
+        ("HEAD", "/v1/y", {"offset": ["1", "2"]}),
+        ("DELETE", "/v1/z", {}),
+    ]
+
+
+def test_a_failing_route_answers_500_and_other_methods_on_builtin_paths_405() -> None:
+    def route(method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
+        raise RuntimeError("boom")
+
+    with MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                       {"/v1/": route}) as srv:
+        assert _request(srv.url + "/v1/x")[0] == 500
+        status, headers, _ = _request(srv.url + "/metrics", "POST")
+        assert (status, headers["Allow"]) == (405, "GET, HEAD")
+        status, headers, body = _request(srv.url + "/health", "HEAD")
+        assert (status, body) == (200, b"") and int(headers["Content-Length"]) > 0
+        assert _request(srv.url + "/health")[0] == 200
+
+
+def test_stop_waits_for_requests_in_flight() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
+        entered.set()
+        assert release.wait(30)
+        return 200, {}, b"done"
+
+    srv = MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                        {"/slow": slow})
+    srv.start()
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+    client = threading.Thread(target=lambda: answers.append(_request(srv.url + "/slow")))
+    client.start()
+    assert entered.wait(30)
+    stopper = threading.Thread(target=srv.stop)
+    stopper.start()
+    stopper.join(0.2)
+    assert stopper.is_alive()  # still draining the slow request
+    release.set()
+    stopper.join(30)
+    client.join(30)
+    assert not stopper.is_alive() and answers[0][0] == 200 and answers[0][2] == b"done"
+
+
+def test_stop_gives_up_on_a_stuck_request_after_the_drain_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
+        entered.set()
+        release.wait(30)
+        return 200, {}, b""
+
+    srv = MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                        {"/stuck": stuck}, drain_s=0.05)
+    srv.start()
+    client = threading.Thread(target=lambda: _request(srv.url + "/stuck"))
+    client.start()
+    try:
+        assert entered.wait(30)
+        srv.stop()
+        assert "1 request(s) still running" in caplog.text
+    finally:
+        release.set()
+        client.join(30)

@@ -13,9 +13,19 @@ several are due:
     housekeeping     Archiver.housekeeping, every cloud_storage_housekeeping_interval_ms
 
 Intervals run from the end of a job's run to its next start, so a slow round never causes a
-burst of catch-up runs. Threads: the main thread owns the Archiver and the store; after every
-job it publishes an immutable `DaemonState`, which is all the HTTP thread ever reads (metrics
-are therefore as fresh as the last finished job).
+burst of catch-up runs.
+
+The same HTTP server serves the remote-read API (`tiered.http_api`,
+`GET /v1/topics/{topic}/partitions/{p}/records?offset=&max_bytes=&format=`) from one `Reader`
+built before the server starts and closed after it stops. The reader has its own store handle,
+opened without the conditional-write probe (reads need none), so it does not wait for the
+archiver's connection: local data and cached chunks are served while the store is unreachable,
+and a read that needs the store fails alone (503) without holding up other requests.
+
+Threads: the main thread owns the Archiver and its store; after every job it publishes an
+immutable `DaemonState`, which is all the HTTP threads read of it (metrics are therefore as
+fresh as the last finished job). Each HTTP request runs on its own thread; reads call the
+thread-safe `Reader` directly, and its metrics are read at scrape time.
 
 Stopping: the first SIGTERM / SIGINT lets the running job finish (an upload round ends with
 its manifest commits) and then exits 0; a second one abandons the job at once. Abandoning is
@@ -28,14 +38,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tiered.errors import ConfigError, TieredError
 from tiered.metrics import (
@@ -44,6 +56,8 @@ from tiered.metrics import (
     JobCounters,
     JobsCollector,
     MetricsServer,
+    ReaderCollector,
+    Response,
     health_of,
     make_registry,
 )
@@ -53,6 +67,7 @@ from tiered.units import format_size
 if TYPE_CHECKING:
     from archiver.service import Archiver, ArchiverStats, PassReport
     from tiered.config import Config
+    from tiered.reader import Reader
     from tiered.store.base import ObjectStore
 
 __all__ = [
@@ -63,6 +78,7 @@ __all__ = [
     "Scheduler",
     "check_log_dirs",
     "next_upload_delay",
+    "open_reader",
     "report_problems",
 ]
 
@@ -79,6 +95,8 @@ CONNECT_BACKOFF_MIN_S = 1.0
 CONNECT_BACKOFF_MAX_S = 30.0
 #: a key HEAD-ed to tell "the store answers" from "it does not"; its absence is an answer
 HEALTH_PROBE_KEY = "_tiered/health-probe"
+#: the remote-read API's path prefix on the daemon's HTTP server (see tiered.http_api)
+RECORDS_PREFIX = "/v1/"
 
 
 # --- scheduling ---------------------------------------------------------------------------
@@ -212,6 +230,33 @@ def _new_archiver(config: Config, store: ObjectStore) -> Archiver:
     return Archiver(config, store)
 
 
+@contextlib.contextmanager
+def open_reader(config: Config) -> Iterator[Reader]:
+    """The daemon's `Reader` over the log dirs and the bucket, closed with its store on exit.
+
+    Unlike `Reader.from_config` it opens the store without the conditional-write probe: a
+    reader writes nothing, and the probe's PUTs would fail (stopping the daemon) whenever the
+    store is down at start-up, while local and cached data could still be served."""
+    from tiered.local_log import LocalLog
+    from tiered.reader import Reader
+    from tiered.store import open_store
+
+    store = open_store(config.store_settings(), probe=False)
+    try:
+        try:
+            reader = Reader(config, store, local_log=LocalLog(config.log_dirs))
+        except OSError as exc:
+            raise TieredError(f"cannot open the read cache in {config.cache_dir}: "
+                              f"{exc.strerror or exc}") from None
+        try:
+            reader.cache.start()  # the periodic size check, idle-reader expiry, index save
+            yield reader
+        finally:
+            reader.close()
+    finally:
+        store.close()
+
+
 def _ms(config: Config, key: str) -> float:
     """A cluster `_ms` property in seconds."""
     return int(config.cluster[key] or 1) / 1000
@@ -220,7 +265,8 @@ def _ms(config: Config, key: str) -> float:
 class Daemon:
     """One `tiered run`. Construct, then `run()` on the main thread (for signal handling; on
     another thread, stop it with `request_stop`). Factories, clocks and the stop event are
-    injectable so tests run it without real time or a real bucket."""
+    injectable so tests run it without real time or a real bucket. `reader` is the `Reader`
+    serving `/v1/` while `run()` runs (None before and after)."""
 
     def __init__(
         self,
@@ -229,6 +275,7 @@ class Daemon:
         *,
         open_store: Callable[[Config], ObjectStore] = _open_store,
         new_archiver: Callable[[Config, ObjectStore], Archiver] = _new_archiver,
+        new_reader: Callable[[Config], AbstractContextManager[Reader]] = open_reader,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stop: Stopper | None = None,
@@ -238,6 +285,8 @@ class Daemon:
         self.options = options or DaemonOptions()
         self._open_store = open_store
         self._new_archiver = new_archiver
+        self._new_reader = new_reader
+        self.reader: Reader | None = None
         self._clock = clock
         self._wall = wall_clock
         self._stop: Stopper = stop if stop is not None else threading.Event()
@@ -249,11 +298,13 @@ class Daemon:
         registry = make_registry(
             ArchiverCollector(lambda: self.state.stats),
             JobsCollector(lambda: self.state.jobs, lambda: self.state.store_up),
+            ReaderCollector(self._reader_stats),
         )
         try:
             self.server = MetricsServer(
                 self.options.metrics_host, self.options.metrics_port, registry,
                 lambda: health_of(self.state, self._clock()),
+                routes={RECORDS_PREFIX: self._records},
             )
         except OSError as exc:
             where = f"{self.options.metrics_host}:{self.options.metrics_port}"
@@ -294,22 +345,49 @@ class Daemon:
 
     def run(self) -> int:
         """Serve until stopped; returns the exit status (0: stopped cleanly)."""
-        self.server.start()
-        log.info("tiered run: archiving %s to %s; metrics and health on %s (/metrics, /health)",
-                 ", ".join(map(str, self.config.log_dirs)), self.config.storage.url,
-                 self.server.url)
         try:
             with self._signal_handlers():
                 try:
-                    self._serve()
+                    with self._new_reader(self.config) as reader:
+                        self._serve_http(reader)
                 except _Abandon as signame:
                     log.warning("received %s again: abandoning the running step; anything "
                                 "uploaded but not committed is removed by garbage collection "
                                 "and uploaded again next time", signame)
         finally:
-            self.server.stop()
+            self.server.stop()  # idempotent; closes the socket when the reader never opened
         log.info("tiered run: stopped")
         return 0
+
+    def _serve_http(self, reader: Reader) -> None:
+        """Archive and serve HTTP with `reader` behind `/v1/`; the server stops (requests in
+        flight drained) before the caller closes the reader."""
+        self.reader = reader
+        self.server.start()
+        log.info("tiered run: archiving %s to %s; metrics and health on %s (/metrics, /health; "
+                 "records on %stopics/{topic}/partitions/{p}/records)",
+                 ", ".join(map(str, self.config.log_dirs)), self.config.storage.url,
+                 self.server.url, RECORDS_PREFIX)
+        try:
+            self._serve()
+        finally:
+            self.server.stop()
+            self.reader = None
+
+    def _records(self, method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
+        """The `/v1/` route (HTTP threads): `tiered.http_api.handle_records` on the reader."""
+        from tiered.http_api import handle_records
+
+        reader = self.reader
+        if reader is None:  # a request that outlived the shutdown's drain
+            body = json.dumps({"error": "KAFKA_STORAGE_ERROR",
+                               "message": "the daemon is not serving reads right now"})
+            return 503, {"Content-Type": "application/json"}, body.encode()
+        return handle_records(reader, method, path, query)
+
+    def _reader_stats(self) -> dict[str, Any] | None:
+        reader = self.reader
+        return None if reader is None else reader.stats
 
     def _serve(self) -> None:
         store = self._connect()

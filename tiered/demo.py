@@ -3,6 +3,8 @@
 In a directory (default ./tiered-demo) it writes a sample topic with the Kafka log writer,
 archives it to an embedded `file://` bucket, lets local retention (enforce mode) delete what
 the bucket now holds beyond a small local target, and shows what is local and what is remote.
+Then it reads the oldest segment of orders-0, which is now only in the bucket, back through
+the `Reader` and the chunk cache, and checks the batches are byte for byte those it wrote.
 
 The configuration is `tiered.config.default_config(dir)` (bucket in dir/bucket, log in
 dir/log, cache in dir/cache, local retention enforced) with small topic overrides so a few MiB
@@ -32,18 +34,22 @@ from tiered.checkpoints import (
     read_partition_metadata,
 )
 from tiered.config import Config, FrozenMap, default_config
-from tiered.errors import ConfigError
+from tiered.errors import ConfigError, TieredError
 from tiered.properties import parse_table
 from tiered.units import format_size
 
 if TYPE_CHECKING:
     from archiver.service import PassReport
+    from tiered.store.base import ObjectStore
 
 __all__ = [
     "DEMO_TOPIC",
     "DEMO_TOPIC_OVERRIDES",
     "DemoResult",
+    "ReadBack",
     "demo_config",
+    "read_back_line",
+    "read_back_segment",
     "render_config_toml",
     "run_demo",
 ]
@@ -62,6 +68,8 @@ DEMO_TOPIC_OVERRIDES: Mapping[str, str] = {
 #: the demo's disk is nowhere near full, yet it should show local retention at work
 DEMO_CLUSTER_OVERRIDES: Mapping[str, bool] = {"retention_local_strict": True}
 CONFIG_FILE = "tiered.toml"
+#: the partition whose oldest segment is read back from the bucket
+READ_BACK_PARTITION = 0
 
 _CUSTOMERS = ("ada", "grace", "linus", "barbara", "ken", "margaret", "dennis", "frances")
 _ITEMS = ("keyboard", "monitor", "cable", "laptop", "headset", "dock", "mouse", "chair")
@@ -112,8 +120,34 @@ def render_config_toml(config: Config) -> str:
 
 
 @dataclass(frozen=True)
+class ReadBack:
+    """Offsets `first_offset..last_offset` of one partition, deleted from the local disk, read
+    back from the bucket; `identical`: the batches equal, byte for byte, the segment as it was
+    written. `error` says why the read failed (the other fields are then zero)."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    records: int = 0
+    batches: int = 0
+    size_bytes: int = 0
+    #: `FetchResult.source` of the fetches ("remote" when the bucket served all of it)
+    source: str = ""
+    #: bytes the chunk cache fetched from the bucket for the read
+    downloaded_bytes: int = 0
+    identical: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.identical
+
+
+@dataclass(frozen=True)
 class DemoResult:
-    """What one demo run did; `ok` is the archiving pass's verdict."""
+    """What one demo run did; `ok`: the archiving pass reported no problem and the read-back
+    (None when the segment was still on local disk, so there was nothing to prove) matched."""
 
     base_dir: Path
     config_path: Path
@@ -123,10 +157,11 @@ class DemoResult:
     segments_rolled: int
     report: PassReport
     rows: list[dict[str, Any]]
+    read_back: ReadBack | None = None
 
     @property
     def ok(self) -> bool:
-        return self.report.ok
+        return self.report.ok and (self.read_back is None or self.read_back.ok)
 
 
 def _order(offset: int, partition: int, rng: random.Random) -> bytes:
@@ -225,6 +260,8 @@ def run_demo(
          f"{DEMO_PARTITIONS} partitions, {rolled} new segments of up to "
          f"{format_size(topic.segment_bytes)}")
 
+    # the oldest segment of one partition as written, to compare once only the bucket has it
+    oldest = _oldest_segment(config, READ_BACK_PARTITION)
     store = open_store(config.store_settings())
     try:
         archiver = Archiver(config, store, clock=clock)
@@ -233,6 +270,7 @@ def run_demo(
             rows = archiver.describe(DEMO_TOPIC)
         finally:
             archiver.close()
+        read_back = None if oldest is None else read_back_segment(config, store, *oldest)
     finally:
         store.close()
 
@@ -247,10 +285,83 @@ def run_demo(
     for line in render_rows(rows):
         echo("  " + line)
     echo(summary_line(rows))
+    if read_back is not None:
+        echo(read_back_line(read_back))
     for error in report_problems(report):
         echo(f"error: {error}")
     echo(f"next: tiered describe-storage --config {_shown(config_path)}")
-    return DemoResult(base, config_path, continued, records, bytes_, rolled, report, rows)
+    return DemoResult(base, config_path, continued, records, bytes_, rolled, report, rows,
+                      read_back)
+
+
+def _oldest_segment(config: Config, partition: int) -> tuple[int, int, bytes] | None:
+    """(partition, base offset, bytes) of the partition's oldest local segment."""
+    from tiered.local_log import LocalLog
+
+    part = LocalLog(config.log_dirs).partitions.get(TopicPartition(DEMO_TOPIC, partition))
+    if part is None or not part.segments:
+        return None
+    oldest = part.segments[0]
+    return partition, oldest.base_offset, oldest.log_path.read_bytes()
+
+
+def read_back_segment(
+    config: Config, store: ObjectStore, partition: int, base_offset: int, written: bytes
+) -> ReadBack | None:
+    """Fetch `len(written)` bytes of the demo topic's `partition` from `base_offset` through a
+    `Reader` (local log first, then the bucket through the chunk cache in `config.cache_dir`)
+    and compare them with `written`, the segment's bytes as written. None when the local log
+    still holds `base_offset`: the read would not touch the bucket, so it would prove nothing."""
+    from tiered.local_log import LocalLog
+    from tiered.reader import Reader
+    from tiered.records import iter_batch_headers
+
+    local = LocalLog(config.log_dirs)
+    part = local.partitions.get(TopicPartition(DEMO_TOPIC, partition))
+    start = None if part is None else part.log_start_offset
+    if start is not None and start <= base_offset:
+        return None
+    pieces: list[bytes] = []
+    sources: list[str] = []
+    first = last = base_offset
+    try:
+        # offsets and counts only: the comparison below is what checks the bytes
+        headers = list(iter_batch_headers(written, verify_crc=False))
+        if not headers:
+            return None
+        first, last = headers[0].base_offset, headers[-1].last_offset
+        with Reader(config, store, local_log=local) as reader:
+            offset, size = base_offset, 0
+            # the first fetch returns the whole segment unless the reader stops early (at a
+            # chunk edge, say); then fetch on from where it stopped
+            while size < len(written):
+                result = reader.fetch(DEMO_TOPIC, partition, offset, len(written) - size)
+                if not result.data or result.next_offset <= offset:
+                    break
+                pieces.append(result.data)
+                sources += [s for s in result.source.split("+") if s not in sources]
+                offset, size = result.next_offset, size + len(result.data)
+            downloaded = int(reader.stats["cache"]["bytes_downloaded"])
+    except TieredError as exc:
+        return ReadBack(DEMO_TOPIC, partition, first, last, error=str(exc))
+    data = b"".join(pieces)
+    return ReadBack(DEMO_TOPIC, partition, first, last,
+                    records=sum(h.records_count for h in headers), batches=len(headers),
+                    size_bytes=len(data), source="+".join(sources),
+                    downloaded_bytes=downloaded, identical=data == written)
+
+
+def read_back_line(rb: ReadBack) -> str:
+    """The demo's one line about the read-back."""
+    what = f"offsets {rb.first_offset}..{rb.last_offset} of {rb.topic}-{rb.partition}"
+    if rb.error is not None:
+        return f"error: reading {what} back from the bucket failed: {rb.error}"
+    if not rb.identical:
+        return (f"error: {what} read back from the bucket ({format_size(rb.size_bytes)}, "
+                f"source={rb.source}) differ from the segment as written")
+    return (f"read {what} back from the bucket (deleted locally): {rb.records:,} records in "
+            f"{rb.batches} batches, byte-identical to what was written (source={rb.source}, "
+            f"{format_size(rb.downloaded_bytes)} downloaded)")
 
 
 def _shown(path: Path) -> str:

@@ -1,17 +1,21 @@
-"""Prometheus metrics and the daemon's small HTTP server (`/metrics`, `/health`).
+"""Prometheus metrics and the daemon's small HTTP server (`/metrics`, `/health` and routed
+paths such as the remote-read API under `/v1/`).
 
-The archiver counts what it does (`Archiver.snapshot()` -> `ArchiverStats`); the collectors
-here only translate those plain numbers into metric families at scrape time, so nothing is
-double-counted and the archiver never imports prometheus-client. Names follow the seeds'
-spirit (`vectorized_ntp_archiver_pending`, `redpanda_storage_disk_free_space_alert`) under the
-`tiered_` prefix; counters end in `_total`, sizes in `_bytes`.
+The archiver and the reader count what they do (`Archiver.snapshot()` -> `ArchiverStats`,
+`Reader.stats` with the chunk cache's counters under "cache"); the collectors here only
+translate those plain numbers into metric families at scrape time, so nothing is
+double-counted and neither the archiver nor the reader imports prometheus-client. Names
+follow the seeds' spirit (`vectorized_ntp_archiver_pending`,
+`redpanda_storage_disk_free_space_alert`) under the `tiered_` prefix; counters end in
+`_total`, sizes in `_bytes`.
 
 `/health` answers from a `DaemonState`, the snapshot of the daemon the main thread publishes
 after every job (see `health_of`).
 
-Threads: `MetricsServer` serves from its own daemon threads and only calls the zero-argument
-source functions it was given; those must be safe to call from any thread (the daemon hands
-in functions that read an immutable, already-published snapshot).
+Threads: `MetricsServer` serves each request on its own daemon thread and only calls the
+source functions and routes it was given; those must be safe to call from many threads at once
+(the daemon hands in functions that read an immutable, already-published snapshot, and the
+thread-safe `Reader`).
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARCHIVER_METRICS",
+    "CACHE_METRICS",
+    "READER_METRICS",
     "STORE_METRICS",
     "ArchiverCollector",
     "DaemonState",
@@ -42,6 +49,9 @@ __all__ = [
     "JobCounters",
     "JobsCollector",
     "MetricsServer",
+    "ReaderCollector",
+    "Response",
+    "Route",
     "health_of",
     "make_registry",
 ]
@@ -175,6 +185,102 @@ class JobsCollector(Collector):
             yield family
 
 
+#: metric name (without prefix or `_total`) -> the `ChunkCache.stats()` key it exports
+CACHE_METRICS: dict[str, _Scalar] = {
+    "cache_hits": _Scalar("hits", "counter",
+                          "Chunk reads served from a chunk already on the cache disk."),
+    "cache_misses": _Scalar("misses", "counter",
+                            "Chunk reads that started a download (ranged GET)."),
+    "cache_joined": _Scalar("joined", "counter",
+                            "Chunk reads that waited on a download another read started."),
+    "cache_prefetches": _Scalar("prefetches", "counter",
+                                "Read-ahead downloads (cloud_storage_chunk_prefetch)."),
+    "cache_downloaded_bytes": _Scalar("bytes_downloaded", "counter",
+                                      "Bytes fetched from the object store into the cache."),
+    "cache_evictions": _Scalar("evictions", "counter",
+                               "Chunks removed from the cache disk by trimming or the chunk "
+                               "eviction strategy."),
+    "cache_download_errors": _Scalar("download_errors", "counter",
+                                     "Chunk downloads that failed for good (never served)."),
+    "cache_corrupt_discarded": _Scalar("corrupt_discarded", "counter",
+                                       "Chunks found bad on disk, discarded and fetched again."),
+    "cache_overshoots": _Scalar("overshoots", "counter",
+                                "Downloads admitted over the limits because every chunk was "
+                                "held (by one chunk at most)."),
+    "cache_hydrated_chunks": _Scalar("hydrated_chunks", "gauge",
+                                     "Chunks on the cache disk, downloads in flight excluded."),
+    "cache_size_bytes": _Scalar("size_bytes", "gauge",
+                                "Bytes the cache accounts for, downloads in flight included."),
+    "cache_objects": _Scalar("objects", "gauge",
+                             "Chunk files the cache accounts for, downloads in flight included."),
+    "cache_readers": _Scalar("readers", "gauge", "Consumer sessions the cache tracks."),
+    "cache_max_size_bytes": _Scalar("max_bytes", "gauge",
+                                    "The cache's size limit (cloud_storage_cache_size and "
+                                    "_size_percent, the smaller)."),
+    "cache_max_objects": _Scalar("max_objects", "gauge",
+                                 "The cache's object limit (cloud_storage_cache_max_objects)."),
+}
+
+#: metric name -> the `Reader.stats` key it exports (the per-source ones are labelled below)
+READER_METRICS: dict[str, _Scalar] = {
+    "fetch_out_of_range": _Scalar("out_of_range", "counter",
+                                  "Fetches refused with OFFSET_OUT_OF_RANGE."),
+    "timestamp_lookups": _Scalar("timestamp_lookups", "counter",
+                                 "Offset-for-timestamp lookups (ListOffsets by time)."),
+    "remote_index_downloads": _Scalar("index_downloads", "counter",
+                                      "Segment index objects downloaded to position reads."),
+    "remote_index_fallbacks": _Scalar("index_fallbacks", "counter",
+                                      "Remote reads that scanned a segment because its index "
+                                      "was missing or unusable."),
+}
+
+#: `tiered_fetches_total{source}` / `tiered_fetch_bytes_total{source}` -> `Reader.stats` keys
+_FETCH_SOURCES: dict[str, tuple[str, str]] = {
+    "local": ("local_fetches", "local_bytes"),
+    "remote": ("remote_fetches", "remote_bytes"),
+}
+
+
+class ReaderCollector(Collector):
+    """Reads `Reader.stats` at every scrape. `stats()` returning None (no reader yet) exports
+    nothing; a failing one is logged and exports nothing, since a scrape must never fail
+    because of a read path."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any] | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            stats = self._stats()
+        except Exception:
+            log.exception("could not read the reader's statistics")
+            return
+        if stats is None:
+            return
+        fetches = _family("counter", "fetches", "Fetches served, by where the first bytes came "
+                          "from (a fetch crossing from the bucket to the local log is remote).",
+                          ["source"])
+        fetch_bytes = _family("counter", "fetch_bytes", "Record-batch bytes returned by fetches, "
+                              "by source.", ["source"])
+        for source, (count_key, bytes_key) in _FETCH_SOURCES.items():
+            fetches.add_metric([source], float(stats.get(count_key, 0)))
+            fetch_bytes.add_metric([source], float(stats.get(bytes_key, 0)))
+        yield from (fetches, fetch_bytes)
+        yield from _scalars(READER_METRICS, stats)
+        cache = stats.get("cache")
+        if isinstance(cache, Mapping):
+            yield from _scalars(CACHE_METRICS, cache)
+
+
+def _scalars(table: Mapping[str, _Scalar], values: Mapping[str, Any]) -> Iterator[Metric]:
+    """One unlabelled family per entry of `table` whose source key `values` has."""
+    for name, scalar in table.items():
+        if scalar.field in values:
+            family = _family(scalar.kind, name, scalar.doc)
+            family.add_metric([], float(values[scalar.field]))
+            yield family
+
+
 def make_registry(*collectors: Collector) -> CollectorRegistry:
     """A private registry (never prometheus-client's global one, so two daemons in one test
     process do not collide) holding `collectors`."""
@@ -241,59 +347,128 @@ def health_of(state: DaemonState, now_s: float) -> Health:
     return Health(200, {"status": "ok", **body})
 
 
+#: a routed path's answer: (status, headers, body); a HEAD answer carries the GET's
+#: Content-Length in `headers` and an empty body
+Response = tuple[int, Mapping[str, str], bytes]
+#: `route(method, path, query)`: `path` still percent-encoded and without the query string,
+#: `query` as `urllib.parse.parse_qs` returns it (blank values kept)
+Route = Callable[[str, str, Mapping[str, Sequence[str]]], Response]
+
+_TEXT = "text/plain; charset=utf-8"
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    #: seconds a socket read or write may stall before the request is dropped, so a client
+    #: that stops reading cannot hold a request thread (and the daemon's shutdown) for ever
+    timeout = 60.0
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server protocol
-        path = self.path.split("?", 1)[0]
+    # http.server calls do_<METHOD>; any other method gets its own 501
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        path, _, query = self.path.partition("?")
         try:
-            if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._send(HTTPStatus.OK, encoder(self.server.registry), content_type)
-            elif path == "/health":
-                health = self.server.health()
-                body = json.dumps(health.body, default=str).encode() + b"\n"
-                self._send(health.status, body, "application/json")
-            else:
-                self._send(HTTPStatus.NOT_FOUND, b"not found: try /metrics or /health\n",
-                           "text/plain; charset=utf-8")
-        except Exception:  # a scrape must never take the server down
-            log.exception("error serving %s", path)
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n",
-                       "text/plain; charset=utf-8")
+            status, headers, body = self._answer(method, path, query)
+        except Exception:  # a scrape or a read must never take the server down
+            log.exception("error serving %s %s", method, path)
+            status, headers, body = (HTTPStatus.INTERNAL_SERVER_ERROR,
+                                     {"Content-Type": _TEXT}, b"internal error\n")
+        try:
+            self._send(method, status, headers, body)
+        except (TimeoutError, ConnectionError) as exc:
+            log.debug("client went away during %s %s: %s", method, path, exc)
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _answer(self, method: str, path: str, query: str) -> Response:
+        for prefix, route in self.server.routes.items():
+            if path.startswith(prefix):
+                return route(method, path, parse_qs(query, keep_blank_values=True))
+        if path not in ("/metrics", "/health"):
+            return (HTTPStatus.NOT_FOUND, {"Content-Type": _TEXT},
+                    b"not found: try /metrics or /health\n")
+        if method not in ("GET", "HEAD"):
+            return (HTTPStatus.METHOD_NOT_ALLOWED, {"Content-Type": _TEXT, "Allow": "GET, HEAD"},
+                    f"method {method} not allowed\n".encode())
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            return HTTPStatus.OK, {"Content-Type": content_type}, encoder(self.server.registry)
+        health = self.server.health()
+        body = json.dumps(health.body, default=str).encode() + b"\n"
+        return health.status, {"Content-Type": "application/json"}, body
+
+    def _send(self, method: str, status: int, headers: Mapping[str, str], body: bytes) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if not any(name.lower() == "content-length" for name in headers):
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if method != "HEAD":
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
         log.debug("http: " + format, *args)
 
 
 class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+    daemon_threads = True  # a request stuck past the drain must not keep the process alive
 
     def __init__(
-        self, address: tuple[str, int], registry: CollectorRegistry, health: Callable[[], Health]
+        self, address: tuple[str, int], registry: CollectorRegistry, health: Callable[[], Health],
+        routes: Mapping[str, Route],
     ) -> None:
         self.registry = registry
         self.health = health
+        self.routes = routes
+        self._inflight = 0
+        self._idle = threading.Condition()
         super().__init__(address, _Handler)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._idle:
+            self._inflight += 1
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    def drain(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for requests in flight to finish; returns how many remain."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._inflight == 0, timeout_s)
+            return self._inflight
 
 
 class MetricsServer:
-    """`/metrics` (Prometheus text, or OpenMetrics when asked for) and `/health` on one port.
+    """`/metrics` (Prometheus text, or OpenMetrics when asked for), `/health`, and `routes`
+    (path prefix -> `Route`, tried first, in order) on one port.
 
     `port=0` binds an ephemeral port; `port` then tells which. Serves from a background thread
-    between `start()` and `stop()`; usable as a context manager."""
+    between `start()` and `stop()`; usable as a context manager. `stop()` lets requests in
+    flight finish for up to `drain_s` seconds, so whatever a route uses (the daemon's reader)
+    can be closed right after it."""
 
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, health: Callable[[], Health]
+        self, host: str, port: int, registry: CollectorRegistry, health: Callable[[], Health],
+        routes: Mapping[str, Route] | None = None, *, drain_s: float = 10.0,
     ) -> None:
-        self._server = _Server((host, port), registry, health)
+        self._server = _Server((host, port), registry, health, dict(routes or {}))
+        self._drain_s = drain_s
         self._thread: threading.Thread | None = None
 
     @property
@@ -315,10 +490,15 @@ class MetricsServer:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop accepting, drain requests in flight, close the socket. Idempotent."""
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join()
             self._thread = None
+            left = self._server.drain(self._drain_s)
+            if left:
+                log.warning("http: %d request(s) still running after %.0f s; closing anyway",
+                            left, self._drain_s)
         self._server.server_close()
 
     def __enter__(self) -> MetricsServer:

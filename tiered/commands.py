@@ -86,8 +86,13 @@ def run_command(config_path: Path, metrics_host: str, metrics_port: int) -> None
 
     Uploads every closed segment of every partition in the log dirs (new partitions are
     picked up while running), commits manifests, applies remote and local retention and
-    garbage collection on their schedules, and serves Prometheus metrics on /metrics and
-    a health check on /health. The first SIGTERM finishes the current step and exits 0.
+    garbage collection on their schedules, and serves Prometheus metrics on /metrics, a
+    health check on /health and record reads on
+    /v1/topics/TOPIC/partitions/P/records?offset=N. The first SIGTERM finishes the current
+    step and exits 0.
+
+    The HTTP port has no authentication and serves record data: keep --metrics-host on
+    loopback (the default) unless a proxy in front of it controls access.
     """
     from tiered.daemon import Daemon, DaemonOptions
 

@@ -61,6 +61,7 @@ from tiered.segment_reads import (
     local_offset_for_timestamp,
 )
 from tiered.store.base import ObjectStore
+from tiered.store.errors import StoreError
 from tiered.topics import topic_name_problem
 
 __all__ = [
@@ -182,6 +183,8 @@ class Reader:
             store, self.cache, int(config.cluster["cloud_storage_cache_chunk_size"] or 1))
         self._clock = clock
         self._ttl = metadata_ttl_s
+        #: how long a head manifest may serve reads when it cannot be refreshed
+        self._stale_head_s = float(config.cluster["cloud_storage_gc_grace_period_ms"] or 0) / 1000
         self._heads: Lru[tuple[str, int, str], tuple[float, PartitionManifest]] = Lru(1024)
         self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
         self._stats = ReaderStats()
@@ -195,7 +198,9 @@ class Reader:
         configured store, local log dirs and cache."""
         from tiered.store import open_store
 
-        store = open_store(config.store_settings())
+        # reading needs no conditional writes: no probe, so a read-only credential works and
+        # a read does not fail just because the probe could not write
+        store = open_store(config.store_settings(), probe=False)
         dirs = [d for d in config.log_dirs if d.is_dir()]  # a reader beside no broker is fine
         local = LocalLog(dirs) if dirs else None
         reader = cls(config, store, local_log=local)
@@ -397,7 +402,17 @@ class Reader:
         hit = self._heads.get(key)
         if hit is not None and now - hit[0] < self._ttl:
             return hit[1]
-        m, etag = self.manifests.load(topic, partition, revision)
+        try:
+            m, etag = self.manifests.load(topic, partition, revision)
+        except StoreError as exc:
+            # Objects a newer manifest dropped outlive it by the GC grace period, so a head
+            # younger than that still names readable objects: keep serving from it (and the
+            # chunks already cached) through a store outage instead of failing every read.
+            if hit is None or now - hit[0] >= self._stale_head_s:
+                raise
+            log.warning("%s-%d: cannot refresh the manifest (%s); serving from the one read "
+                        "%.0f s ago", topic, partition, exc, now - hit[0])
+            return hit[1]
         if etag is None or m.last_offset < 0:
             self._heads.pop(key)
             if required:
@@ -419,15 +434,22 @@ class Reader:
             return hit[1], hit[2]
         prefix = f"{keys.topic_prefix_digit(topic)}0000000/{keys.TOPIC_PREFIX_DIR}/{topic}/"
         found: list[tuple[float, str]] = []
-        for info in self.store.list(prefix):
-            parsed = keys.parse_topic_manifest_key(info.key)
-            if parsed is not None and parsed[0] == topic:
-                found.append((info.last_modified, parsed[1]))
         revision, count = "0", None
-        if found:
-            revision = max(found)[1]
-            tm = load_topic_manifest(self.store, topic, revision)
-            count = None if tm is None else tm.partition_count
+        try:
+            for info in self.store.list(prefix):
+                parsed = keys.parse_topic_manifest_key(info.key)
+                if parsed is not None and parsed[0] == topic:
+                    found.append((info.last_modified, parsed[1]))
+            if found:
+                revision = max(found)[1]
+                tm = load_topic_manifest(self.store, topic, revision)
+                count = None if tm is None else tm.partition_count
+        except StoreError as exc:  # as in `_head`: a recent answer beats no answer
+            if hit is None or now - hit[0] >= self._stale_head_s:
+                raise
+            log.warning("%s: cannot refresh the topic's revision (%s); using the one read "
+                        "%.0f s ago", topic, exc, now - hit[0])
+            return hit[1], hit[2]
         self._revisions.put(topic, (now, revision, count))
         return revision, count
 

@@ -1,0 +1,366 @@
+"""Helpers shared by the archiver benchmarks (`upload.py`, `backlog.py`).
+
+A moto S3 server as a child process on a free 127.0.0.1 port (boto3, the aws CLI and tiered
+all talk to it over real HTTP), sample Kafka logs written with `tiered.log_writer.LogWriter`,
+throughput arithmetic and the one-JSON-object output the benchmarks share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from tiered.checkpoints import TopicPartition
+from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+
+MIB = 1024 * 1024
+#: throughput unit: MB/s are 10**6 bytes per second, as disks and networks are rated
+MB = 1_000_000
+#: dummy credentials for moto; also keep the developer's own AWS profile out of every run
+FAKE_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+REGION = "us-east-1"
+#: tmpfs, where moto's spooled objects go when it exists (Linux)
+SHM = "/dev/shm"
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fake_aws_env() -> dict[str, str]:
+    """The current environment with moto's dummy credentials and no AWS profile."""
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE", "AWS_SESSION_TOKEN")}
+    env.update(FAKE_CREDENTIALS)
+    return env
+
+
+def _moto_server_command() -> str:
+    """`moto_server` of this interpreter's environment, else the one on PATH."""
+    beside = Path(sys.executable).with_name("moto_server")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("moto_server")
+    if found is None:
+        raise SystemExit("moto_server not found (install moto[server])")
+    return found
+
+
+class MotoServer:
+    """A `moto_server` child process, started on entry and stopped on exit.
+
+    A separate process rather than moto's in-process ThreadedMotoServer: the server's CPU
+    (it is pure Python) must not compete for the GIL with the uploader being measured.
+    Its stderr goes to a temporary file so a failed start can say why."""
+
+    def __init__(self, *, start_timeout_s: float = 30.0, spool_in_memory: bool = True) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.start_timeout_s = start_timeout_s
+        self.spool_in_memory = spool_in_memory
+        self._spool: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> MotoServer:
+        env = fake_aws_env()
+        # moto spools every object above ~5 MiB to a temporary file; on a shared disk the
+        # writeback of one contender's gigabyte would slow down the next one
+        if self.spool_in_memory and os.path.isdir(SHM):
+            self._spool = tempfile.mkdtemp(prefix="moto-spool-", dir=SHM)
+            env["TMPDIR"] = self._spool
+        self._proc = subprocess.Popen(
+            [_moto_server_command(), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                raise SystemExit(f"moto_server exited at start: {err.strip()[-500:]}")
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1).close()
+            except OSError:
+                time.sleep(0.1)
+                continue
+            # nobody reads the pipe from here on; a chatty server must not block on it
+            if self._proc.stderr is not None:
+                self._proc.stderr.close()
+            return self
+        self._stop()
+        raise SystemExit(
+            f"moto_server did not answer on {self.endpoint} in {self.start_timeout_s} s"
+        )
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+            self._proc = None
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
+            self._spool = None
+
+    def client(self, max_pool_connections: int = 10) -> Any:
+        """A boto3 S3 client for this server (path-style addressing, dummy credentials)."""
+        import boto3
+        import botocore.config
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            config=botocore.config.Config(
+                max_pool_connections=max_pool_connections, s3={"addressing_style": "path"}
+            ),
+        )
+
+    def create_bucket(self, name: str) -> None:
+        client = self.client()
+        client.create_bucket(Bucket=name)
+        client.close()
+
+    def reset(self) -> None:
+        """Drop every bucket and object: moto keeps them in memory (or spooled temp files), and
+        a contender should not pay for the previous one's gigabyte."""
+        req = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        with urllib.request.urlopen(req, timeout=60):
+            pass
+
+
+@dataclass(frozen=True)
+class BucketContents:
+    objects: int
+    bytes: int
+    #: bytes of objects whose key ends in `.log` (the segment payload, as uploaded)
+    log_objects: int
+    log_bytes: int
+
+
+def bucket_contents(client: Any, bucket: str) -> BucketContents:
+    """Count what a contender left in its bucket (outside the timed section)."""
+    objects = size = log_objects = log_bytes = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for item in page.get("Contents", []):
+            objects += 1
+            size += int(item["Size"])
+            if item["Key"].endswith(".log"):
+                log_objects += 1
+                log_bytes += int(item["Size"])
+    return BucketContents(objects, size, log_objects, log_bytes)
+
+
+# --- sample logs ---------------------------------------------------------------------------
+
+
+@dataclass
+class SampleProducer:
+    """Appends incompressible records to the partitions of one topic with `LogWriter`, round
+    robin, a batch of `batch_records` records of `record_bytes` each at a time.
+
+    Values are slices of one random pool (no compression, so bytes on disk are bytes to
+    upload; generating fresh randomness per record would only measure the generator). Not
+    thread-safe; one producer thread owns it. fsync is off: the benchmark's disk is scratch."""
+
+    log_dir: Path
+    topic: str
+    partitions: int
+    segment_bytes: int
+    record_bytes: int = 64 * 1024
+    batch_records: int = 16
+    seed: int = 42
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    writers: list[LogWriter] = field(init=False)
+    appended_bytes: int = field(init=False, default=0)
+    _next: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1 or self.record_bytes < 1 or self.batch_records < 1:
+            raise ValueError("partitions, record_bytes and batch_records must be positive")
+        rng = random.Random(self.seed)
+        self._rng = rng
+        self._pool = rng.randbytes(max(4 * MIB, 2 * self.record_bytes))
+        self.writers = [
+            LogWriter(
+                self.log_dir / f"{self.topic}-{p}",
+                segment_bytes=self.segment_bytes,
+                segment_ms=self.segment_ms,
+                fsync=False,
+            )
+            for p in range(self.partitions)
+        ]
+
+    def _value(self) -> bytes:
+        start = self._rng.randrange(len(self._pool) - self.record_bytes)
+        return self._pool[start : start + self.record_bytes]
+
+    def append_batch(self) -> int:
+        """One batch to the next partition; returns the bytes it took on disk."""
+        writer = self.writers[self._next]
+        self._next = (self._next + 1) % self.partitions
+        records = [ProducerRecord(self._value()) for _ in range(self.batch_records)]
+        size = writer.append(records).size
+        self.appended_bytes += size
+        return size
+
+    def append_bytes(self, total: int) -> int:
+        """Append batches until at least `total` bytes went to disk; returns how many did."""
+        written = 0
+        while written < total:
+            written += self.append_batch()
+        return written
+
+    def publish_high_watermarks(self) -> None:
+        """Everything appended is replicated: the high watermark is the log end offset."""
+        write_high_watermarks(
+            self.log_dir,
+            {TopicPartition(self.topic, p): w.log_end_offset for p, w in enumerate(self.writers)},
+            fsync=False,
+        )
+
+    def roll_all(self) -> None:
+        """Close every active segment, so that all data is in closed, uploadable segments."""
+        for writer in self.writers:
+            writer.roll()
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+def write_sample_log(
+    log_dir: Path,
+    *,
+    topic: str,
+    partitions: int,
+    total_bytes: int,
+    segment_bytes: int,
+    record_bytes: int = 64 * 1024,
+    seed: int = 42,
+) -> list[Path]:
+    """A topic of about `total_bytes` spread evenly over `partitions`, every segment closed
+    and below the high watermark, so one archiver pass uploads all of it. Returns the closed
+    segments' `.log` files."""
+    producer = SampleProducer(
+        log_dir, topic, partitions, segment_bytes, record_bytes=record_bytes, seed=seed
+    )
+    try:
+        producer.append_bytes(total_bytes)
+        producer.roll_all()
+        producer.publish_high_watermarks()
+    finally:
+        producer.close()
+    return closed_segment_files(log_dir)
+
+
+def closed_segment_files(log_dir: Path) -> list[Path]:
+    """Every non-empty `.log` file under `log_dir` (the empty active segments left by a roll
+    hold nothing to upload)."""
+    return sorted(p for p in log_dir.glob("*/*.log") if p.stat().st_size > 0)
+
+
+def tree_bytes(root: Path) -> int:
+    """Bytes of every regular file under `root` (what the log holds on local disk)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            # a file deleted by local retention while we walked counts as gone
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def read_through(paths: Sequence[Path]) -> None:
+    """Read every file once so all contenders start with it in the page cache."""
+    for path in paths:
+        with path.open("rb") as f:
+            while f.read(8 * MIB):
+                pass
+
+
+# --- measuring and printing ------------------------------------------------------------------
+
+
+class Stopwatch:
+    """`with Stopwatch() as sw: ...` then `sw.seconds` (monotonic wall time) and
+    `sw.cpu_seconds`: CPU (user + system) of this process's threads and of the child
+    processes that ended and were waited for inside the block, i.e. the client's side
+    (a server still running, such as moto, is not counted)."""
+
+    def __enter__(self) -> Stopwatch:
+        self.seconds = self.cpu_seconds = 0.0
+        self._cpu = self._cpu_now()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._start
+        self.cpu_seconds = self._cpu_now() - self._cpu
+
+    @staticmethod
+    def _cpu_now() -> float:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def mb_per_s(nbytes: int, seconds: float) -> float | None:
+    """Throughput in MB/s (10**6 bytes), None when nothing was timed."""
+    return round(nbytes / seconds / MB, 1) if seconds > 0 else None
+
+
+def versions(*dists: str) -> dict[str, str]:
+    """Python and the named distributions' versions (the tree's, when tiered is not installed)."""
+    out = {"python": platform.python_version()}
+    for dist in dists:
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "source tree" if dist == "tiered" else "not installed"
+    return out
+
+
+def emit(report: dict[str, Any]) -> None:
+    """Print the benchmark's one JSON object on stdout (progress goes to stderr)."""
+    print(json.dumps(report, indent=2))
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,99 @@
+"""The archiver benchmarks run end to end at tiny sizes and print the JSON they promise.
+
+Each benchmark runs as a child process, exactly as a person would run it, against its own
+moto server; the tests check the JSON's shape and that every contender moved all the data.
+They never look at how fast anything was: the machine's load decides that, not the code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+
+
+def run_benchmark(script: str, *args: str, timeout: float = 180) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True, text=True, env=env, timeout=timeout, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert isinstance(report, dict)
+    return report
+
+
+@pytest.mark.timeout(240)
+def test_upload_benchmark_reports_every_contender_complete() -> None:
+    report = run_benchmark(
+        "upload.py", "--size-mb", "6", "--segment-mb", "1", "--partitions", "2",
+        "--record-kb", "16", "--repeats", "1", "--no-install",
+    )
+    assert report["benchmark"] == "upload"
+    assert report["segments"] >= 6
+    assert report["concurrency"]["uploads_in_flight"] >= 1
+    results = report["results"]
+    assert set(results) == {"boto3", "boto3_parallel_parts", "aws_cli", "tiered_cli",
+                            "tiered_inprocess"}
+    for name, result in results.items():
+        if "skipped" in result:  # only the aws CLI may be absent, and it must say why
+            assert name == "aws_cli" and result["skipped"]
+            continue
+        assert result["complete"], (name, result)
+        assert result["segment_bytes"] == report["segment_bytes"]
+        assert result["segment_objects"] == report["segments"]
+        assert result["mb_per_s"] > 0 and result["seconds"] > 0
+        assert len(result["runs"]) == 1
+    # tiered also stores an index per segment and its manifest beside the segment objects
+    assert results["tiered_cli"]["objects"] > results["tiered_cli"]["segment_objects"]
+    assert results["boto3"]["objects"] == report["segments"]
+    ratios = report["ratios"]
+    assert ratios["tiered_cli_vs_boto3"] > 0
+    assert ratios["tiered_inprocess_vs_boto3"] > 0
+
+
+def test_upload_benchmark_refuses_an_unknown_contender() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "upload.py"), "--contenders", "boto3,rsync"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2
+    assert "rsync" in proc.stderr
+
+
+@pytest.mark.timeout(240)
+def test_backlog_benchmark_reports_peaks_for_the_three_modes() -> None:
+    report = run_benchmark(
+        "backlog.py", "--store", "file", "--partitions", "2", "--segment-mb", "0.25",
+        "--burst-mb", "1", "--bursts", "2", "--interval", "0.2", "--disk-mb", "16",
+        "--max-bandwidth-mb", "8", "--update-interval-ms", "50", "--record-kb", "8",
+        "--drain-timeout", "60",
+    )
+    assert report["benchmark"] == "backlog"
+    results = report["results"]
+    assert list(results) == ["pd_controller", "fixed_min_shares", "fixed_max_shares"]
+    bandwidth = report["upload_bandwidth_bytes_per_s"]
+    assert bandwidth["at_min_shares"] < bandwidth["at_max_shares"]
+    for name, result in results.items():
+        assert result["produced_bytes"] >= 2 * 1024 * 1024, name
+        assert 0 < result["peak_backlog_bytes"] <= result["produced_bytes"], name
+        assert result["peak_local_disk_bytes"] > 0, name
+        assert result["backlog_when_producer_stopped_bytes"] <= result["peak_backlog_bytes"]
+        assert result["drained"] and result["final_backlog_bytes"] == 0, (name, result)
+        assert result["time_to_drain_s"] >= 0
+        assert result["errors"] == []
+        assert result["timeline"] and len(result["timeline"][0]) == 4
+    assert results["fixed_min_shares"]["fixed_shares"] == 100
+    assert results["fixed_max_shares"]["fixed_shares"] == 1000
+    assert results["pd_controller"]["fixed_shares"] is None
+    assert set(results["fixed_min_shares"]["shares"].values()) == {100}

@@ -104,18 +104,27 @@ def _decimal(text: str, whole_input: str, hint: str) -> Decimal:
         raise UnitError(f"{whole_input!r} is not a number; {hint}") from None
 
 
-def parse_size(value: object) -> int:
-    """Bytes from an int or a size string; see the module docstring for the accepted forms."""
+def _int_or_text(value: object, kind: str, whole: str, hint: str) -> int | str:
+    """A non-negative int passed through, or the string to parse; anything else (booleans,
+    floats, other types) refused with a message naming `kind`."""
     if isinstance(value, bool):
-        raise UnitError(f"expected a size, got boolean {str(value).lower()}; {_SIZE_HINT}")
+        raise UnitError(f"expected a {kind}, got boolean {str(value).lower()}; {hint}")
     if isinstance(value, int):
         if value < 0:
-            raise UnitError(f"{value} is negative; a size cannot be")
+            raise UnitError(f"{value} is negative; a {kind} cannot be")
         return value
     if isinstance(value, float):
-        raise UnitError(f"expected a whole number of bytes, got float {value!r}; {_SIZE_HINT}")
+        raise UnitError(f"expected {whole}, got float {value!r}; {hint}")
     if not isinstance(value, str):
-        raise UnitError(f"expected a size, got {type(value).__name__}; {_SIZE_HINT}")
+        raise UnitError(f"expected a {kind}, got {type(value).__name__}; {hint}")
+    return value
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an int or a size string; see the module docstring for the accepted forms."""
+    value = _int_or_text(value, "size", "a whole number of bytes", _SIZE_HINT)
+    if isinstance(value, int):
+        return value
     match = _SIZE_RE.match(value)
     if match is None:
         raise UnitError(f"{value!r} is not a size; {_SIZE_HINT}")
@@ -137,16 +146,9 @@ def parse_size(value: object) -> int:
 
 def parse_duration_ms(value: object) -> int:
     """Milliseconds from an int (already ms) or a duration string such as ``"1h30m"``."""
-    if isinstance(value, bool):
-        raise UnitError(f"expected a duration, got boolean {str(value).lower()}; {_DURATION_HINT}")
+    value = _int_or_text(value, "duration", "whole milliseconds", _DURATION_HINT)
     if isinstance(value, int):
-        if value < 0:
-            raise UnitError(f"{value} is negative; a duration cannot be")
         return value
-    if isinstance(value, float):
-        raise UnitError(f"expected whole milliseconds, got float {value!r}; {_DURATION_HINT}")
-    if not isinstance(value, str):
-        raise UnitError(f"expected a duration, got {type(value).__name__}; {_DURATION_HINT}")
     text = value.strip()
     if not text:
         raise UnitError(f"{value!r} is empty; {_DURATION_HINT}")

@@ -25,6 +25,7 @@ from tiered.store import (
     StoreSettings,
 )
 from tiered.store.file import ETAG_DIR, LOCK_DIR, TMP_MARK
+from tiered.store.s3 import part_workers
 
 # -- the contract, every backend -------------------------------------------------------------
 
@@ -364,6 +365,37 @@ def test_s3_multipart_etag_and_part_size(s3_store: S3Store, tmp_path: Path) -> N
     # the part size grows so that huge objects stay within S3's 10,000-part limit
     assert s3_store._part_size(10) == TEST_MULTIPART_THRESHOLD
     assert s3_store._part_size(10_000 * TEST_MULTIPART_THRESHOLD + 1) > TEST_MULTIPART_THRESHOLD
+
+
+def test_s3_multipart_declares_a_checksum_the_store_keeps(s3_store: S3Store,
+                                                          tmp_path: Path) -> None:
+    # as s3transfer does: the upload names CRC32 at creation and each part's CRC32 goes into
+    # the completion, so the store checks every part and keeps a checksum of the object
+    src = tmp_path / "three-parts.log"
+    src.write_bytes(os.urandom(2 * TEST_MULTIPART_THRESHOLD + 1))
+    s3_store.put_file("seg/mp.log", src)
+    got = s3_store._client.head_object(Bucket=s3_store.bucket, Key=s3_store.prefix + "seg/mp.log",
+                                       ChecksumMode="ENABLED")
+    assert got.get("ChecksumCRC32")
+    assert s3_store.get("seg/mp.log") == src.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "uploads", "parts", "expected"),
+    [
+        (4, 1, 10, 4),  # alone: all of it
+        (4, 2, 10, 2),  # two side by side share it
+        (4, 3, 10, 1),
+        (4, 16, 10, 1),  # an archiver round with a segment per partition: one part each
+        (4, 1, 2, 2),  # never more workers than parts
+        (1, 1, 10, 1),
+        (4, 0, 10, 4),  # a count that is somehow zero is one upload
+    ],
+)
+def test_part_workers_share_the_concurrency_between_uploads(
+    concurrency: int, uploads: int, parts: int, expected: int
+) -> None:
+    assert part_workers(concurrency, uploads, parts) == expected
 
 
 def test_s3_prefix_isolates_stores(moto_endpoint: str, s3_bucket: str) -> None:

@@ -56,8 +56,10 @@ class StoreSettings:
     #: objects at or above this size are uploaded by multipart upload
     multipart_threshold: int = 64 * 1024 * 1024
     multipart_chunksize: int = 16 * 1024 * 1024
-    #: parts of one multipart upload in flight at once; each holds one part in memory, so
-    #: peak memory per upload is about `multipart_concurrency * multipart_chunksize`
+    #: parts in flight at once for a multipart upload that has the store to itself; uploads
+    #: running side by side share it (each gets `multipart_concurrency // uploads`, at least
+    #: one), since they are already the parallelism. Each part is held in memory, so peak
+    #: memory is about `max(multipart_concurrency, uploads) * multipart_chunksize`
     multipart_concurrency: int = 4
     #: documented single-writer opt-out: skip the conditional-write probe on stores that ignore
     #: If-Match / If-None-Match. Only safe when exactly one writer ever touches the bucket.

@@ -4,12 +4,13 @@ Order of effects (DESIGN invariants 1, 3, 5, 6):
 
 1. `upload_policy.plan_uploads` picks the candidates (closed segments past the manifest, below
    the stable end, oldest first; the active segment's stable prefix on idle timeout);
-2. each candidate is verified (every batch header walked with its CRC-32C) *before* anything
-   is uploaded: a corrupt segment stops the partition's round there, the candidates before it
-   go on, the ones after it wait;
-3. the index objects and then the segment object go up (in parallel across candidates,
-   through the caller's executor and bandwidth limiter); the store's tenacity policy retries
-   transient faults and a failed upload is never recorded;
+2. each candidate is verified (every batch header walked with its CRC-32C, the object's
+   checksum taken in the same pass) *before* it is uploaded: a corrupt segment stops the
+   partition's round there, the candidates before it go on, the ones after it wait;
+3. the index objects and then the segment object go up as soon as the candidate is verified
+   (in parallel across candidates, through the caller's executor and bandwidth limiter,
+   while the next candidate is verified); the store's tenacity policy retries transient
+   faults and a failed upload is never recorded;
 4. only then the manifest is committed with If-Match. A lost race re-reads the head and adds
    the already uploaded objects to it when they still continue it exactly, otherwise the
    round ends and the next one re-plans (never an overwrite); a newer term fences the writer.
@@ -251,7 +252,11 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
         size = log_path.stat().st_size
         base_ts = NO_TIMESTAMP if summary.first_timestamp is None else summary.first_timestamp
         max_ts = NO_TIMESTAMP if summary.max_timestamp is None else summary.max_timestamp
-        meta = _meta(target, cand, size, _file_crc(log_path), max(base_ts, NO_TIMESTAMP), max_ts)
+        # the verification walk checksummed the file as it read it; a second read only when
+        # it did not cover the file as it is now
+        crc = (summary.checksum if summary.checksum is not None and summary.size == size
+               else _file_crc(log_path))
+        meta = _meta(target, cand, size, crc, max(base_ts, NO_TIMESTAMP), max_ts)
         indexes: dict[str, Path | bytes] = {}
         if indexes_ok and seg.index_path.exists() and seg.timeindex_path.exists():
             indexes = {"index": seg.index_path, "timeindex": seg.timeindex_path}
@@ -396,14 +401,21 @@ def _run(
         return
 
     prepared: list[PreparedUpload] = []
+    futures: list[Future[int]] = []
     corrupt: CorruptSegmentError | None = None
+    unreadable: OSError | None = None
     for cand in plan.candidates:
         try:
-            prepared.append(prepare(target, cand, index_interval_bytes))
+            prep = prepare(target, cand, index_interval_bytes)
         except CorruptSegmentError as err:
             corrupt = err  # this one is refused, the later ones wait behind it
             break
-    futures = [submit(functools.partial(upload, mstore.store, m, p, limiter)) for p in prepared]
+        except OSError as err:  # e.g. the broker deleted it: the ones before it still count
+            unreadable = err
+            break
+        # each goes up as soon as it is verified, while the next one is being verified
+        prepared.append(prep)
+        futures.append(submit(functools.partial(upload, mstore.store, m, prep, limiter)))
     done: list[SegmentMeta] = []
     sent: dict[str, int] = {}  # object name -> bytes of it and its indexes
     failure: BaseException | None = None
@@ -426,6 +438,8 @@ def _run(
         out.decision, out.error = "corrupt_segment", str(corrupt)
     elif failure is not None:
         out.decision, out.error = "error", f"upload failed: {failure}"
+    elif unreadable is not None:
+        out.decision, out.error = "error", f"{type(unreadable).__name__}: {unreadable}"
 
 
 def _commit(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,

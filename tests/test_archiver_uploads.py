@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from faultproxy import FaultProxy
@@ -21,6 +22,7 @@ from test_archiver_e2e import (
     write_partition,
 )
 
+from archiver import uploader
 from archiver.bandwidth import TokenBucket
 from archiver.service import Archiver
 from archiver.upload_policy import PolicyInputError
@@ -60,6 +62,41 @@ def test_corrupt_segment_is_refused_later_ones_wait_other_partitions_go_on(
     # local retention never trims past the refused segment either
     [row] = [r for r in archiver.local_retention().partitions if r.partition == 0]
     assert row.safe_to_delete_below == int(bad.stem)
+
+
+def test_a_segment_gone_before_verification_stops_the_round_there(
+    tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # uploads start as soon as each candidate is verified, so the broker deleting a later
+    # segment mid-round must not lose the ones already on their way: they are committed, the
+    # partition reports the error, and the next round goes on from there
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=18)
+    doomed = closed_segments(log_dir, "orders", 0)[2]
+    saved = doomed.read_bytes()
+    real_prepare = uploader.prepare
+    deleted: list[Path] = []
+
+    def prepare(target: Any, cand: Any, interval: int) -> Any:
+        if cand.paths[0] == str(doomed) and not deleted:
+            doomed.unlink()
+            deleted.append(doomed)
+        return real_prepare(target, cand, interval)
+
+    monkeypatch.setattr(uploader, "prepare", prepare)
+    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
+    report = archiver.upload_round()
+    [row] = report.partitions
+    assert not report.ok and row.decision == "error" and "FileNotFoundError" in (row.error or "")
+    assert row.uploaded_segments == 2
+    assert load_manifest(file_store, log_dir, "orders", 0).last_offset == int(doomed.stem) - 1
+
+    doomed.write_bytes(saved)  # back (as if the round had raced a slow reader, not retention)
+    archiver.scan()
+    drain(archiver)
+    m = load_manifest(file_store, log_dir, "orders", 0)
+    assert len(m.segments) == len(closed_segments(log_dir, "orders", 0))
 
 
 def test_failed_uploads_are_retried_and_never_recorded(

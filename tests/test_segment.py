@@ -8,13 +8,16 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from tiered.errors import CorruptSegmentError
 from tiered.index import IndexEntry, OffsetIndex
 from tiered.records import Record, TruncatedBatchError, encode_batch, iter_batch_headers
 from tiered.segment import (
+    READ_WINDOW_BYTES,
     LogFile,
+    RunningChecksum,
     Segment,
     build_indexes,
     parse_segment_file_name,
@@ -206,6 +209,32 @@ def test_verify_summarises_a_good_segment(segment: Segment) -> None:
     assert summary.size == segment.size()
     assert summary.first_timestamp == T0 + BASE * 10
     assert summary.max_timestamp == T0 + (BASE + 1199) * 10
+
+
+def test_verify_checksums_the_whole_file_in_its_one_pass(tmp_path: Path) -> None:
+    # batches of ~300 KiB against the 1 MiB read window: windows straddle batches and are
+    # re-read from a batch start, yet every byte enters the checksum exactly once
+    batches = make_batches(BASE, 20, 3, lambda o: T0 + o, value_size=100_000)
+    seg = write_segment(tmp_path, BASE, batches)
+    data = seg.log_path.read_bytes()
+    assert len(data) > 3 * READ_WINDOW_BYTES
+    assert seg.verify().checksum == crc32c.crc32c(data)
+    # an active segment's preallocated (zero) tail ends the walk before the file's end: the
+    # bytes it never read are in no checksum
+    seg.log_path.write_bytes(data + bytes(3 * READ_WINDOW_BYTES))
+    live = Segment(seg.base_offset, seg.log_path, active=True)
+    summary = live.verify()
+    assert summary.size == len(data) and summary.checksum is None
+
+
+def test_running_checksum_takes_overlapping_windows_once() -> None:
+    data = bytes(range(256)) * 40
+    crc = RunningChecksum()
+    for start, end in [(0, 1000), (600, 3000), (3000, 3000), (2500, len(data))]:
+        crc.feed(data[start:end], start)
+    assert (crc.value, crc.end) == (crc32c.crc32c(data), len(data))
+    with pytest.raises(ValueError, match="gap"):
+        crc.feed(b"x", len(data) + 1)
 
 
 def test_truncated_segment_is_corrupt_unless_active(segment: Segment) -> None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+import crc32c
+
 from tiered.errors import CorruptSegmentError
 from tiered.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
@@ -105,6 +107,33 @@ class SegmentSummary:
     #: first batch's first timestamp and the largest batch max timestamp, ms; None if unknown
     first_timestamp: int | None
     max_timestamp: int | None
+    #: CRC-32C of the whole file (its size when the walk began), taken from the windows the
+    #: walk read; None when the walk ended before reading them all (an active segment's
+    #: zero-filled tail). It covers bytes past `size` when a torn tail was read.
+    checksum: int | None = None
+
+
+class RunningChecksum:
+    """CRC-32C of a file's bytes from 0, fed the windows a batch walk reads anyway.
+
+    The walk's windows only move forward and each starts inside (or at the end of) the one
+    before, so feeding each the bytes past what is already covered checksums every byte once:
+    the archiver gets the object's checksum from its verification pass instead of reading the
+    segment a second time."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        #: bytes [0, end) are in `value`
+        self.end = 0
+
+    def feed(self, buf: bytes, start: int) -> None:
+        """Take the window `buf` read at file position `start`."""
+        if start > self.end:
+            raise ValueError(f"checksum window at {start} leaves a gap after {self.end}")
+        skip = self.end - start
+        if skip < len(buf):
+            self.value = crc32c.crc32c(memoryview(buf)[skip:], self.value)
+            self.end = start + len(buf)
 
 
 class LogFile:
@@ -141,19 +170,29 @@ class LogFile:
             length -= len(chunk)
         return b"".join(chunks)
 
-    def headers(self, start: int = 0, *, verify_crc: bool = True) -> Iterator[BatchHeader]:
+    def headers(
+        self, start: int = 0, *, verify_crc: bool = True, checksum: RunningChecksum | None = None
+    ) -> Iterator[BatchHeader]:
         """Batch headers from byte `start` (a batch boundary) to the end of the size snapshot,
         positions in the file. An active segment's torn or zero-filled tail ends the walk;
-        anywhere else it is a CorruptSegmentError naming the file and byte."""
+        anywhere else it is a CorruptSegmentError naming the file and byte. `checksum` is fed
+        every window read (see `RunningChecksum`)."""
         end = self.size
         where = str(self.path)
         buf = b""
         buf_start = start
         pos = start
+
+        def window(at: int, length: int) -> bytes:
+            data = self.read(at, length)
+            if checksum is not None:
+                checksum.feed(data, at)
+            return data
+
         while pos < end:
             rel = pos - buf_start
             if rel + LOG_OVERHEAD > len(buf):
-                buf = self.read(pos, min(READ_WINDOW_BYTES, end - pos))
+                buf = window(pos, min(READ_WINDOW_BYTES, end - pos))
                 buf_start, rel = pos, 0
             if len(buf) - rel >= LOG_OVERHEAD:
                 base, length = _LOG_PREFIX.unpack_from(buf, rel)
@@ -170,7 +209,7 @@ class LogFile:
                         position=pos,
                     )
                 if rel + need > len(buf) and length >= MIN_BATCH_LENGTH:
-                    buf = self.read(pos, max(need, min(READ_WINDOW_BYTES, end - pos)))
+                    buf = window(pos, max(need, min(READ_WINDOW_BYTES, end - pos)))
                     buf_start, rel = pos, 0
             try:
                 header = read_batch_header(buf, rel, path=where, verify_crc=verify_crc)
@@ -417,8 +456,10 @@ class Segment:
         max_ts = NO_TIMESTAMP
         valid_end = 0
         slot = 0
+        crc = RunningChecksum()
         with self.open_log() as f:
-            for header in f.headers():
+            file_size = f.size
+            for header in f.headers(checksum=crc):
                 floor = self.base_offset if last_offset is None else last_offset + 1
                 if header.base_offset < floor:
                     raise CorruptSegmentError(
@@ -458,6 +499,7 @@ class Segment:
             size=valid_end,
             first_timestamp=first_ts,
             max_timestamp=max_ts if max_ts > NO_TIMESTAMP else None,
+            checksum=crc.value if crc.end == file_size else None,
         )
 
 

@@ -162,7 +162,7 @@ class Archiver:
         self._space_cursor = 0
         self._lock = threading.RLock()  # partitions dict, stats, controller state
         self._partitions: dict[TopicPartition, _Partition] = {}
-        self._topic_manifests: dict[str, TopicManifest] = {}
+        self._topic_manifests: dict[tuple[str, str], TopicManifest] = {}  # by (topic, rev)
         self._stats = ArchiverStats(controller_shares=self._ctrl_output.shares)
         self._local = LocalLog(config.log_dirs)
         self._adopt()
@@ -275,9 +275,9 @@ class Archiver:
             try:
                 tm = TopicManifest.from_topic_config(
                     self.config.topic_config(topic), revision=revision, partition_count=count)
-                if self._topic_manifests.get(topic) != tm:
+                if self._topic_manifests.get((topic, revision)) != tm:
                     save_topic_manifest(self.store, tm)
-                    self._topic_manifests[topic] = tm
+                    self._topic_manifests[topic, revision] = tm
             except TieredError as err:
                 report.errors.append(f"{topic}: saving the topic manifest: {err}")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tiered.checkpoints import TopicPartition
+from tiered.checkpoints import TopicPartition, new_topic_id
 from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 
 MIB = 1024 * 1024
@@ -218,12 +218,14 @@ class SampleProducer:
         rng = random.Random(self.seed)
         self._rng = rng
         self._pool = rng.randbytes(max(4 * MIB, 2 * self.record_bytes))
+        topic_id = new_topic_id()  # one topic: every partition carries the same id
         self.writers = [
             LogWriter(
                 self.log_dir / f"{self.topic}-{p}",
                 segment_bytes=self.segment_bytes,
                 segment_ms=self.segment_ms,
                 fsync=False,
+                topic_id=topic_id,
             )
             for p in range(self.partitions)
         ]

@@ -1,4 +1,6 @@
-"""Upload bandwidth limiting: a token bucket shared by every upload thread.
+"""The upload budget, enforced: a token bucket for bandwidth and a concurrency limit, each
+shared by every upload thread and adjustable while uploads run (the controller changes the
+budget mid-round, not only between rounds).
 
 The store's `put_file` streams a whole object in one call, so the limiter works per object:
 an upload takes its size in tokens up front, and the bucket may go into debt for an object
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from archiver.upload_policy import PolicyInputError
 
@@ -20,8 +23,8 @@ from archiver.upload_policy import PolicyInputError
 class TokenBucket:
     """`rate` bytes per second (None: unthrottled), at most `burst_seconds` of rate saved up.
 
-    Thread-safe: many upload threads call `acquire`; `set_rate` may be called between rounds
-    when the controller changes the budget."""
+    Thread-safe: many upload threads call `acquire`; `set_rate` may be called at any time when
+    the controller changes the budget (a sleep already begun is not shortened)."""
 
     def __init__(
         self,
@@ -80,3 +83,46 @@ class TokenBucket:
         if wait > 0:
             self._sleep(wait)
         return wait
+
+
+class ConcurrencyLimit:
+    """At most `limit` holders at once, the limit settable at any time.
+
+    A semaphore whose size the upload controller changes while uploads run: raising it lets
+    waiting uploads start at once; lowering it lets the uploads in flight finish and holds
+    back new ones until they are under the new limit."""
+
+    def __init__(self, limit: int) -> None:
+        self._cond = threading.Condition()
+        self._limit = 1
+        self._held = 0
+        self.set_limit(limit)
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def set_limit(self, limit: int) -> None:
+        if isinstance(limit, bool) or limit < 1:
+            raise PolicyInputError(f"concurrency must be at least 1, got {limit}")
+        with self._cond:
+            self._limit = limit
+            self._cond.notify_all()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """One slot for the duration of the block, waiting for one first if none is free."""
+        with self._cond:
+            while self._held >= self._limit:
+                self._cond.wait()
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify()

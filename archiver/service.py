@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from archiver import controller
-from archiver.bandwidth import TokenBucket
+from archiver.bandwidth import ConcurrencyLimit, TokenBucket
 from archiver.controller import ControllerOutput, ControllerParams, ControllerState, UploadBudget
 from archiver.local_retention import (
     LocalRetentionResult,
@@ -56,6 +56,7 @@ from archiver.uploader import (
     ArchivalCursor,
     PartitionTarget,
     SegmentFacts,
+    UploadGate,
     UploadOutcome,
     archive_partition,
     head,
@@ -72,6 +73,10 @@ from tiered.local_log import LocalLog, PartitionLog
 from tiered.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
+
+#: shortest pause between the controller's updates during an upload round, whatever
+#: cloud_storage_upload_ctrl_update_interval_ms says (each update lists the log dirs)
+MIN_CONTROLLER_TICK_S = 0.1
 
 __all__ = ["Archiver", "ArchiverStats", "PartitionReport", "PassReport", "revision_of", "term_of"]
 
@@ -159,6 +164,8 @@ class Archiver:
         self._ctrl_output = ControllerOutput(0.0, fixed_shares or self._ctrl_state.shares, 0.0,
                                              False)
         self._budget = self._budget_for(self._ctrl_output.shares)
+        self.slots = ConcurrencyLimit(self._budget.concurrency)
+        self._gate = UploadGate(self.limiter, self.slots)
         self._space_cursor = 0
         self._lock = threading.RLock()  # partitions dict, stats, controller state
         self._partitions: dict[TopicPartition, _Partition] = {}
@@ -205,17 +212,54 @@ class Archiver:
     # -- uploads ---------------------------------------------------------------------------------
 
     def upload_round(self) -> PassReport:
-        """Upload what is eligible in every partition and commit the manifests."""
+        """Upload what is eligible in every partition and commit the manifests.
+
+        Partitions are planned and verified `budget.concurrency` at a time; their objects go
+        through a pool sized for the largest budget, gated by `slots` and `limiter`, which the
+        controller keeps adjusting while the round runs (see `_controller_running`)."""
         budget = self._budget
-        self.limiter.set_rate(budget.bandwidth_bytes_per_s)
+        self._apply(budget)
         states = self._states()
         report = PassReport()
-        with ThreadPoolExecutor(budget.concurrency, thread_name_prefix="archiver") as parts, \
-                ThreadPoolExecutor(budget.concurrency, thread_name_prefix="upload") as objects:
+        with self._controller_running(), \
+                ThreadPoolExecutor(budget.concurrency, thread_name_prefix="archiver") as parts, \
+                ThreadPoolExecutor(max(self.max_concurrency, budget.concurrency),
+                                   thread_name_prefix="upload") as objects:
             futures = [parts.submit(self._upload_partition, s, objects.submit) for s in states]
             report.partitions.extend(fut.result() for fut in futures)
         self._save_topic_manifests(states, report)
         return report
+
+    @contextmanager
+    def _controller_running(self) -> Iterator[None]:
+        """Keep the controller on its schedule while a round runs. A round at minimum shares
+        can take minutes; a controller that only looked between rounds would see a burst
+        late and could not speed up the very round that is falling behind. The new budget
+        applies at once to the uploads not yet started (slots, bandwidth)."""
+        if self.fixed_shares is not None:
+            yield
+            return
+        stop = threading.Event()
+        interval_s = max(self.ctrl_params.update_interval_ms / 1000, MIN_CONTROLLER_TICK_S)
+
+        def tick() -> None:
+            while not stop.wait(interval_s):
+                try:
+                    self.update_controller(rescan=True)
+                except Exception:  # a background loop: log it, keep the round going
+                    log.exception("upload controller update during an upload round failed")
+
+        thread = threading.Thread(target=tick, name="archiver-controller", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _apply(self, budget: UploadBudget) -> None:
+        self.limiter.set_rate(budget.bandwidth_bytes_per_s)
+        self.slots.set_limit(budget.concurrency)
 
     def _upload_partition(self, state: _Partition, submit: Any) -> PartitionReport:
         tp = state.tp
@@ -238,7 +282,7 @@ class Archiver:
                                        error=f"reading the local log: {err}")
             out = archive_partition(
                 state.target(), self.mstore, state.cursor, snapshot, self.upload_params,
-                self._now_ms(), submit=submit, limiter=self.limiter,
+                self._now_ms(), submit=submit, gate=self._gate,
                 index_interval_bytes=tc.index_interval_bytes)
             if out.fenced:
                 state.fenced_by = self._fencing_term(state)
@@ -343,16 +387,37 @@ class Archiver:
         failed: list[PartitionReport] = []
         for s in states:
             try:
-                snap = snapshot_of(s.log, self.facts)
-                tc = self.config.topic_config(s.tp.topic)
-                m = s.cursor.manifest if s.cursor.loaded else None
-                uploaded = None if m is None or m.last_offset < 0 else m.last_offset
-                views.append(partition_view(s.tp.topic, s.tp.partition, snap, tc, uploaded))
-                snaps[s.tp] = snap
+                view, snap = self._view(s.log, s.cursor)
             except (TieredError, OSError) as err:
                 failed.append(PartitionReport(s.tp.topic, s.tp.partition, decision="error",
                                               error=f"local log: {err}"))
+                continue
+            views.append(view)
+            snaps[s.tp] = snap
         return views, snaps, failed
+
+    def _view(self, part: PartitionLog, cursor: ArchivalCursor | None
+              ) -> tuple[PartitionView, LogSnapshot]:
+        snap = snapshot_of(part, self.facts)
+        tc = self.config.topic_config(part.topic)
+        m = cursor.manifest if cursor is not None and cursor.loaded else None
+        uploaded = None if m is None or m.last_offset < 0 else m.last_offset
+        return partition_view(part.topic, part.partition, snap, tc, uploaded), snap
+
+    def _fresh_views(self, states: list[_Partition]) -> list[PartitionView]:
+        """Views of a listing of the log dirs of its own, with the committed offsets the
+        cursors hold: what the controller needs mid-round (segments rolled since the round's
+        scan count) without touching the partition state the round is using."""
+        known = {s.tp: s for s in states}
+        views = []
+        for part in LocalLog(self.config.log_dirs):
+            state = known.get(part.tp)
+            cursor = state.cursor if state and state.revision == revision_of(part) else None
+            try:
+                views.append(self._view(part, cursor)[0])
+            except (TieredError, OSError) as err:
+                log.debug("%s: left out of the backlog: %s", part.tp, err)
+        return views
 
     @contextmanager
     def _all_locked(self, states: list[_Partition]) -> Iterator[None]:
@@ -420,11 +485,13 @@ class Archiver:
                                         max_bandwidth_bytes_per_s=self.max_bandwidth,
                                         max_concurrency=self.max_concurrency)
 
-    def update_controller(self) -> ControllerOutput:
+    def update_controller(self, *, rescan: bool = False) -> ControllerOutput:
         """Recompute the backlog (local bytes not yet in a committed manifest), the PD
-        controller's shares (or the fixed ones) and the upload budget they buy."""
+        controller's shares (or the fixed ones) and the upload budget they buy, which applies
+        at once to uploads not yet started. `rescan`: list the log dirs afresh rather than use
+        the last `scan` (mid-round, where the round owns the partition state)."""
         states = self._states()
-        views, _, _ = self._views(states)
+        views = self._fresh_views(states) if rescan else self._views(states)[0]
         backlog = upload_backlog_bytes(views)
         disk = combined_disk(self.config.log_dirs, self.disk_usage)
         with self._lock:
@@ -435,6 +502,7 @@ class Archiver:
                                        out.updated)
             self._ctrl_output = out
             self._budget = self._budget_for(out.shares)
+            self._apply(self._budget)
             s = self._stats
             s.pending_bytes = backlog
             s.pending_bytes_by_partition = {(v.topic, v.partition): upload_backlog_bytes([v])

@@ -33,7 +33,7 @@ from typing import Protocol, TypeVar
 
 import crc32c
 
-from archiver.bandwidth import TokenBucket
+from archiver.bandwidth import ConcurrencyLimit, TokenBucket
 from archiver.upload_policy import (
     DECISION_LOG_LEVEL,
     ActiveSegment,
@@ -309,21 +309,32 @@ def object_keys(m: PartitionManifest, meta: SegmentMeta) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True)
+class UploadGate:
+    """What every upload passes through: the budget's bandwidth and its concurrency, both
+    shared by all partitions and adjusted by the controller while uploads run."""
+
+    limiter: TokenBucket
+    slots: ConcurrencyLimit
+
+
 def upload(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
-           limiter: TokenBucket) -> int:
-    """Put the index objects, then the segment object; returns the bytes sent. Raises the
-    store's error after its retries are spent: the caller then records nothing."""
+           gate: UploadGate) -> int:
+    """Put the index objects, then the segment object, within one concurrency slot; returns
+    the bytes sent. Raises the store's error after its retries are spent: the caller then
+    records nothing."""
     where = object_keys(m, prep.meta)
     sent = 0
-    # indexes first: a segment object in the bucket always has its indexes beside it
-    for kind, source in [*prep.indexes.items(), ("log", prep.body)]:
-        size = source.stat().st_size if isinstance(source, Path) else len(source)
-        limiter.acquire(size)
-        if isinstance(source, Path):
-            store.put_file(where[kind], source)
-        else:
-            store.put(where[kind], source)
-        sent += size
+    with gate.slots.hold():
+        # indexes first: a segment object in the bucket always has its indexes beside it
+        for kind, source in [*prep.indexes.items(), ("log", prep.body)]:
+            size = source.stat().st_size if isinstance(source, Path) else len(source)
+            gate.limiter.acquire(size)
+            if isinstance(source, Path):
+                store.put_file(where[kind], source)
+            else:
+                store.put(where[kind], source)
+            sent += size
     return sent
 
 
@@ -358,7 +369,7 @@ def archive_partition(
     now_ms: int,
     *,
     submit: Submit,
-    limiter: TokenBucket,
+    gate: UploadGate,
     index_interval_bytes: int,
 ) -> UploadOutcome:
     """One upload round for one partition; updates `cursor` with what it committed. Raises
@@ -366,7 +377,7 @@ def archive_partition(
     out = UploadOutcome("up_to_date")
     try:
         m = ops.with_term(head(cursor, mstore, target), target.term)
-        _run(target, mstore, cursor, m, snapshot, params, now_ms, submit, limiter,
+        _run(target, mstore, cursor, m, snapshot, params, now_ms, submit, gate,
              index_interval_bytes, out)
     except StaleTerm as err:
         out.decision, out.error, out.fenced = "fenced", str(err), True
@@ -385,7 +396,7 @@ def archive_partition(
 def _run(
     target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,
     m: PartitionManifest, snapshot: LogSnapshot, params: UploadParams, now_ms: int,
-    submit: Submit, limiter: TokenBucket, index_interval_bytes: int, out: UploadOutcome,
+    submit: Submit, gate: UploadGate, index_interval_bytes: int, out: UploadOutcome,
 ) -> None:
     state = ArchivalState(None if m.last_offset < 0 else m.last_offset, cursor.last_upload_ms)
     plan = plan_uploads(snapshot, state, params, now_ms)
@@ -415,7 +426,7 @@ def _run(
             break
         # each goes up as soon as it is verified, while the next one is being verified
         prepared.append(prep)
-        futures.append(submit(functools.partial(upload, mstore.store, m, prep, limiter)))
+        futures.append(submit(functools.partial(upload, mstore.store, m, prep, gate)))
     done: list[SegmentMeta] = []
     sent: dict[str, int] = {}  # object name -> bytes of it and its indexes
     failure: BaseException | None = None

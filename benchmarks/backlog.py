@@ -18,8 +18,8 @@ Three runs, one per mode, each with a fresh log and bucket:
 
 Each reports the peak backlog (bytes appended and not yet in a committed manifest) and the
 peak local disk (bytes of the log directory), both sampled every 50 ms; the peak backlog the
-controller itself read (only between upload rounds); the backlog when the producer stopped;
-the time from then until everything was uploaded (null: not drained within
+controller itself read (it updates during upload rounds too); the backlog when the producer
+stopped; the time from then until everything was uploaded (null: not drained within
 `--drain-timeout`); the shares the controller gave; and a one-second timeline.
 
     python benchmarks/backlog.py                      # about a minute on 2 cores
@@ -95,8 +95,8 @@ class SimulatedDisk:
 
 @dataclass
 class Trace:
-    """What one run saw. The sampler thread owns the peaks and the timeline; the archiver
-    loop appends what the controller read (`controller_backlog`, `shares`)."""
+    """What one run saw, all appended by the sampler thread: the peaks, the timeline and
+    what the controller read (`controller_backlog`, `shares`)."""
 
     started: float = field(default_factory=time.monotonic)
     peak_disk: int = 0
@@ -208,12 +208,15 @@ def uncommitted(producer: SampleProducer, committed: CommittedBytes) -> int:
 
 def sample(log_dir: Path, producer: SampleProducer, archiver: Archiver,
            committed: CommittedBytes, trace: Trace, stop: threading.Event) -> None:
-    """The sampler thread. The backlog is measured here rather than taken from the
-    controller, whose reading happens only between upload rounds, and a round at minimum
-    shares can last many seconds."""
+    """The sampler thread. The backlog is measured here (appended minus committed) as well
+    as read from the controller, whose own reading is only as fresh as its last update
+    (every `--update-interval-ms`, during upload rounds too)."""
     while not stop.is_set():
-        shares = archiver.snapshot().controller_shares
-        trace.add_sample(uncommitted(producer, committed), tree_bytes(log_dir), shares)
+        stats = archiver.snapshot()
+        trace.add_sample(uncommitted(producer, committed), tree_bytes(log_dir),
+                         stats.controller_shares)
+        trace.controller_backlog.append(stats.pending_bytes)
+        trace.shares.append(stats.controller_shares)
         stop.wait(SAMPLE_INTERVAL_S)
 
 
@@ -264,10 +267,8 @@ def run_mode(mode: str, workdir: Path, moto: MotoServer | None, s: Settings) -> 
             while True:
                 finished = done.is_set()  # before the scan, so that it sees the last roll
                 archiver.scan()
-                control = archiver.update_controller()
+                archiver.update_controller()
                 pending = archiver.snapshot().pending_bytes
-                trace.controller_backlog.append(pending)
-                trace.shares.append(control.shares)
                 if finished:
                     if end.failure is not None:
                         raise SystemExit(f"{mode}: the producer failed: {end.failure!r}")

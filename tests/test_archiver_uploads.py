@@ -5,6 +5,8 @@ recorded; the bandwidth limiter holds the configured rate."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from test_archiver_e2e import (
 )
 
 from archiver import uploader
-from archiver.bandwidth import TokenBucket
+from archiver.bandwidth import ConcurrencyLimit, TokenBucket
 from archiver.service import Archiver
 from archiver.upload_policy import PolicyInputError
 from tiered.checkpoints import TopicPartition
@@ -179,3 +181,79 @@ def test_token_bucket_holds_the_rate_and_pays_debts() -> None:
     assert bucket.acquire(10**9) == 0
     with pytest.raises(PolicyInputError):
         bucket.set_rate(0)
+
+
+def test_concurrency_limit_changes_while_holders_wait() -> None:
+    limit = ConcurrencyLimit(1)
+    started: list[int] = []
+    release = threading.Event()
+
+    def work(n: int) -> None:
+        with limit.hold():
+            started.append(n)
+            release.wait(10)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    _until(lambda: len(started) == 1)
+    time.sleep(0.05)
+    assert len(started) == 1 and limit.held == 1  # the others wait for the one slot
+    limit.set_limit(3)  # raised while they wait: both start at once
+    _until(lambda: len(started) == 3)
+    limit.set_limit(1)  # lowered: the three in flight finish, nobody new starts meanwhile
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert limit.held == 0
+    with pytest.raises(PolicyInputError):
+        limit.set_limit(0)
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def test_the_controller_keeps_updating_while_a_round_runs(
+    tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a round at minimum shares is stuck on a slow store while a burst lands on a small
+    # disk: the controller must see the burst (segments rolled after the round's scan) and
+    # raise the budget of the round already running, not only of the next one
+    config = make_config(tmp_path, cluster={"cloud_storage_upload_ctrl_update_interval_ms": 50,
+                                            "cloud_storage_max_connections": 20})
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=9)
+    gate, entered = threading.Event(), threading.Event()
+    put_file = file_store.put_file
+
+    def slow_put_file(key: str, path: Path | str) -> str:
+        entered.set()
+        gate.wait(30)
+        return put_file(key, path)
+
+    monkeypatch.setattr(file_store, "put_file", slow_put_file)
+    disk = Disk(total=64 * 1024 * 1024, free=60 * 1024 * 1024)
+    archiver = Archiver(config, file_store, disk_usage=disk)
+    archiver.update_controller()
+    assert archiver.slots.limit == 2  # minimum shares: 100 of 1000 of 20 connections
+    before = archiver.snapshot().pending_bytes
+
+    result: list[Any] = []
+    round_thread = threading.Thread(target=lambda: result.append(archiver.upload_round()))
+    round_thread.start()
+    try:
+        assert entered.wait(10)
+        write_partition(log_dir, "orders", 0, batches=200)  # ~50 new segments
+        disk.free = 1024 * 1024  # and the disk is nearly full
+        _until(lambda: archiver.snapshot().pending_bytes > before + 200_000)
+        _until(lambda: archiver.slots.limit > 2)
+        assert archiver.snapshot().controller_shares > 100
+        assert round_thread.is_alive()  # all of that while the first round still runs
+    finally:
+        gate.set()
+        round_thread.join(30)
+    assert result and result[0].ok

@@ -9,6 +9,7 @@ several are due:
                      bounded per partition), else after a backoff of 0.1 s doubling to 10 s
                      (Redpanda's cloud_storage_upload_loop_{initial,max}_backoff_ms defaults)
     controller       Archiver.update_controller, every cloud_storage_upload_ctrl_update_interval_ms
+                     (during an upload round the Archiver keeps it on that schedule itself)
     local_retention  Archiver.local_retention, every retention_local_trim_interval
     housekeeping     Archiver.housekeeping, every cloud_storage_housekeeping_interval_ms
 

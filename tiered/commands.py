@@ -142,9 +142,11 @@ def _gc_for_one_pass() -> Iterator[None]:
     """Tune the cyclic GC for a bounded, allocation-heavy pass: the objects the imports and
     the S3 client built stay for the whole process (freeze them out of collections), and
     botocore allocates dicts per request on 20 threads, so the default threshold (700) runs a
-    collection, holding the GIL, every few requests. Measured on `benchmarks/upload.py`: the
-    pass took about 0.9 s less of ~8 s. Cycles are still collected, just in larger batches;
-    the settings are restored afterwards (the command may run inside a longer process)."""
+    collection, holding the GIL, every few requests. In a side-by-side harness on the
+    upload benchmark's data (same moto, alternating runs) the pass took a median 0.9 s less
+    of ~8 s; within `benchmarks/upload.py`'s own noise it does not show reliably. Cycles are
+    still collected, just in larger batches; the settings are restored afterwards (the
+    command may run inside a longer process)."""
     thresholds = gc.get_threshold()
     gc.freeze()
     gc.set_threshold(ONE_PASS_GC_THRESHOLD, 50, 50)

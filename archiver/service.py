@@ -223,8 +223,7 @@ class Archiver:
         report = PassReport()
         with self._controller_running(), \
                 ThreadPoolExecutor(budget.concurrency, thread_name_prefix="archiver") as parts, \
-                ThreadPoolExecutor(max(self.max_concurrency, budget.concurrency),
-                                   thread_name_prefix="upload") as objects:
+                ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="upload") as objects:
             futures = [parts.submit(self._upload_partition, s, objects.submit) for s in states]
             report.partitions.extend(fut.result() for fut in futures)
         self._save_topic_manifests(states, report)

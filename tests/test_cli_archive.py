@@ -3,6 +3,7 @@ shapes, a corrupt segment (invariants 5 and 9), and refusal of configs without l
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,16 @@ def test_a_corrupt_segment_fails_the_pass_but_not_the_other_partitions(
     assert rows[0]["uploaded_segments"] > 0 and rows[0]["error"] is None
     assert rows[2]["uploaded_segments"] > 0 and rows[2]["error"] is None
     assert "orders-1: corrupt_segment:" in result.stderr
+
+
+def test_archive_once_restores_the_gc_settings_it_tunes(setup: tuple[Path, Path]) -> None:
+    # the pass raises the GC threshold and freezes start-up objects; a process that runs the
+    # command in-process (tests, scripts) gets its own settings back, pass or failure
+    config, _ = setup
+    before = gc.get_threshold()
+    assert invoke("archive", "--once", "--config", str(config)).exit_code == 0
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
 
 
 def test_archive_needs_once(setup: tuple[Path, Path]) -> None:

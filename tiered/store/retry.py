@@ -181,12 +181,16 @@ class RetryPolicy:
         return _exponential_jitter(self.initial_backoff_s, self.max_backoff_s)
 
 
+#: tenacity 9 renamed wait_exponential_jitter's `initial` to `multiplier` (deprecating the old
+#: name); 8.x knows only `initial`. Same meaning either way. Looked up once: every store call
+#: builds its wait, and inspecting a signature costs more than the call it wraps.
+_JITTER_BASE = ("multiplier"
+                if "multiplier" in inspect.signature(tenacity.wait_exponential_jitter).parameters
+                else "initial")
+
+
 def _exponential_jitter(initial_s: float, max_s: float) -> tenacity.wait.wait_base:
-    # tenacity 9 renamed `initial` to `multiplier` (deprecating the old name); 8.x knows only
-    # `initial`. Same meaning either way.
-    params = inspect.signature(tenacity.wait_exponential_jitter).parameters
-    key = "multiplier" if "multiplier" in params else "initial"
-    kwargs: dict[str, float] = {key: initial_s, "max": max_s, "jitter": initial_s}
+    kwargs: dict[str, float] = {_JITTER_BASE: initial_s, "max": max_s, "jitter": initial_s}
     return tenacity.wait_exponential_jitter(**kwargs)
 
 

@@ -5,11 +5,14 @@ Order of effects (DESIGN invariants 1, 3, 5, 6):
 1. `upload_policy.plan_uploads` picks the candidates (closed segments past the manifest, below
    the stable end, oldest first; the active segment's stable prefix on idle timeout);
 2. each candidate is verified (every batch header walked with its CRC-32C, the object's
-   checksum taken in the same pass) *before* it is uploaded: a corrupt segment stops the
-   partition's round there, the candidates before it go on, the ones after it wait;
-3. the index objects and then the segment object go up as soon as the candidate is verified
-   (in parallel across candidates, through the caller's executor and bandwidth limiter,
-   while the next candidate is verified); the store's tenacity policy retries transient
+   checksum taken in the same pass) before its object may appear in the bucket: a corrupt
+   segment stops the partition's round there, the candidates before it go on, the ones after
+   it wait;
+3. a closed segment's file starts going up as its verification starts, and the store holds
+   the object back (multipart parts not yet completed, a temporary file) until it passed and
+   its index objects are in, or drops it (`upload_early`); a byte range is read, checked,
+   then put with its indexes. Uploads run in parallel across candidates, through the
+   caller's executor and bandwidth limiter; the store's tenacity policy retries transient
    faults and a failed upload is never recorded;
 4. only then the manifest is committed with If-Match. A lost race re-reads the head and adds
    the already uploaded objects to it when they still continue it exactly, otherwise the
@@ -323,19 +326,52 @@ def upload(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
     """Put the index objects, then the segment object, within one concurrency slot; returns
     the bytes sent. Raises the store's error after its retries are spent: the caller then
     records nothing."""
-    where = object_keys(m, prep.meta)
-    sent = 0
     with gate.slots.hold():
         # indexes first: a segment object in the bucket always has its indexes beside it
-        for kind, source in [*prep.indexes.items(), ("log", prep.body)]:
-            size = source.stat().st_size if isinstance(source, Path) else len(source)
-            gate.limiter.acquire(size)
-            if isinstance(source, Path):
-                store.put_file(where[kind], source)
-            else:
-                store.put(where[kind], source)
-            sent += size
-    return sent
+        sent = put_indexes(store, m, prep, gate.limiter)
+        return sent + _put(store, object_keys(m, prep.meta)["log"], prep.body, gate.limiter)
+
+
+def upload_early(store: ObjectStore, key: str, path: Path, verdict: Future[int],
+                 gate: UploadGate) -> int:
+    """Send a closed segment file while it is still being verified, within one concurrency
+    slot; returns its size. The store holds the object back (multipart parts not yet
+    completed, a temporary file) until `verdict` resolves, i.e. the file passed verification
+    and its index objects are beside it, and drops it when `verdict` raises: a corrupt segment
+    never appears in the bucket, and a sound one no longer waits for its own verification
+    and index PUTs before its first byte goes out."""
+    with gate.slots.hold():
+        return _put(store, key, path, gate.limiter,
+                    ready=functools.partial(_await_verdict, verdict))
+
+
+def _await_verdict(verdict: Future[int]) -> None:
+    verdict.result()
+
+
+def put_indexes(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
+                limiter: TokenBucket) -> int:
+    """Put a verified candidate's index objects; returns their bytes."""
+    where = object_keys(m, prep.meta)
+    return sum(_put(store, where[kind], source, limiter) for kind, source in prep.indexes.items())
+
+
+def _put(store: ObjectStore, key: str, source: Path | bytes, limiter: TokenBucket,
+         ready: Callable[[], None] | None = None) -> int:
+    size = source.stat().st_size if isinstance(source, Path) else len(source)
+    limiter.acquire(size)
+    if isinstance(source, Path):
+        store.put_file(key, source, ready=ready)
+    else:
+        store.put(key, source)
+    return size
+
+
+def segment_key(m: PartitionManifest, cand: UploadCandidate, term: int) -> str:
+    """The key a whole-segment candidate's object gets, known before it is verified: segment
+    objects are named by their offsets and the writer's term alone."""
+    return keys.object_key(m.topic, m.partition, m.revision,
+                           keys.segment_name(cand.begin_inclusive, cand.last_offset, term))
 
 
 # -- the round ----------------------------------------------------------------------------------
@@ -413,26 +449,72 @@ def _run(
 
     prepared: list[PreparedUpload] = []
     futures: list[Future[int]] = []
+    extra: list[int] = []  # index bytes put from this thread, per prepared candidate
+    refused: list[Future[int]] = []  # early uploads told to drop their object
     corrupt: CorruptSegmentError | None = None
     unreadable: OSError | None = None
+    index_failure: TieredError | None = None
     for cand in plan.candidates:
+        verdict: Future[int] | None = None
+        if cand.kind is UploadKind.SEGMENT:
+            # a closed segment starts going up now; its object appears only once it passed
+            # the verification below and its indexes are in (see upload_early)
+            verdict = Future()
+            early = submit(functools.partial(
+                upload_early, mstore.store, segment_key(m, cand, target.term),
+                Path(cand.paths[0]), verdict, gate))
         try:
             prep = prepare(target, cand, index_interval_bytes)
-        except CorruptSegmentError as err:
-            corrupt = err  # this one is refused, the later ones wait behind it
+            indexed = 0
+            if verdict is not None:
+                if object_keys(m, prep.meta)["log"] != segment_key(m, cand, target.term):
+                    raise TieredError(f"{cand.paths[0]}: object key changed in verification")
+                indexed = put_indexes(mstore.store, m, prep, gate.limiter)
+        except BaseException as err:
+            if verdict is not None:  # never leave an early upload waiting
+                verdict.set_exception(err)
+                refused.append(early)
+            if isinstance(err, CorruptSegmentError):
+                corrupt = err  # this one is refused, the later ones wait behind it
+            elif isinstance(err, OSError):  # e.g. the broker deleted it: earlier ones count
+                unreadable = err
+            elif isinstance(err, TieredError):  # its indexes could not be put
+                index_failure = err
+                out.upload_errors += 1
+            else:
+                raise
             break
-        except OSError as err:  # e.g. the broker deleted it: the ones before it still count
-            unreadable = err
-            break
-        # each goes up as soon as it is verified, while the next one is being verified
+        if verdict is not None:
+            verdict.set_result(indexed)
+            fut = early
+        else:  # a byte range: its bytes were read and checked in prepare
+            fut = submit(functools.partial(upload, mstore.store, m, prep, gate))
         prepared.append(prep)
-        futures.append(submit(functools.partial(upload, mstore.store, m, prep, gate)))
+        futures.append(fut)
+        extra.append(indexed)
+    try:
+        _finish(target, mstore, cursor, m, prepared, futures, extra, now_ms, out)
+    finally:
+        for fut in refused:  # their objects are being dropped; the reason is known already
+            fut.exception()
+    if corrupt is not None:
+        out.decision, out.error = "corrupt_segment", str(corrupt)
+    elif out.error is None and index_failure is not None:
+        out.decision, out.error = "error", f"upload failed: {index_failure}"
+    elif out.error is None and unreadable is not None:
+        out.decision, out.error = "error", f"{type(unreadable).__name__}: {unreadable}"
+
+
+def _finish(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,
+            m: PartitionManifest, prepared: list[PreparedUpload], futures: list[Future[int]],
+            extra: list[int], now_ms: int, out: UploadOutcome) -> None:
+    """Wait for the candidates' uploads and commit the contiguous run of them that went up."""
     done: list[SegmentMeta] = []
     sent: dict[str, int] = {}  # object name -> bytes of it and its indexes
     failure: BaseException | None = None
-    for prep, fut in zip(prepared, futures, strict=True):
+    for prep, fut, indexed in zip(prepared, futures, extra, strict=True):
         try:
-            sent[prep.meta.object_name] = fut.result()
+            sent[prep.meta.object_name] = fut.result() + indexed
         except (TieredError, OSError) as err:
             failure = failure or err
             out.upload_errors += 1
@@ -445,12 +527,8 @@ def _run(
         out.uploaded_segments = len(committed)
         out.uploaded_bytes = sum(sent[s.object_name] for s in committed)
         out.decision = "uploaded"
-    if corrupt is not None:
-        out.decision, out.error = "corrupt_segment", str(corrupt)
-    elif failure is not None:
+    if failure is not None:
         out.decision, out.error = "error", f"upload failed: {failure}"
-    elif unreadable is not None:
-        out.decision, out.error = "error", f"{type(unreadable).__name__}: {unreadable}"
 
 
 def _commit(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,

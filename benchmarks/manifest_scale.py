@@ -39,7 +39,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +72,10 @@ class CountingStore(ObjectStore):
         self.calls["put"] += 1
         return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
-    def put_file(self, key: str, path: Path | str) -> str:
+    def put_file(self, key: str, path: Path | str, *,
+                 ready: Callable[[], None] | None = None) -> str:
         self.calls["put"] += 1
-        return self.inner.put_file(key, path)
+        return self.inner.put_file(key, path, ready=ready)
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         self.calls["get"] += 1

@@ -87,8 +87,9 @@ class CountingStore(ObjectStore):
             if_match: str | None = None) -> str:
         return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
-    def put_file(self, key: str, path: Path | str) -> str:
-        return self.inner.put_file(key, path)
+    def put_file(self, key: str, path: Path | str, *,
+                 ready: Callable[[], None] | None = None) -> str:
+        return self.inner.put_file(key, path, ready=ready)
 
     def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         return self.inner.delete_many(keys)

@@ -13,7 +13,7 @@ import hashlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from manifests.model import SegmentMeta
@@ -47,8 +47,12 @@ class MemoryStore(ObjectStore):
             self.objects[key] = (bytes(data), etag, time.time())
             return etag
 
-    def put_file(self, key: str, path: Path | str) -> str:
-        return self.put(key, Path(path).read_bytes())
+    def put_file(self, key: str, path: Path | str, *,
+                 ready: Callable[[], None] | None = None) -> str:
+        data = Path(path).read_bytes()
+        if ready is not None:
+            ready()
+        return self.put(key, data)
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         self.calls["get"] += 1

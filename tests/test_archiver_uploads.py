@@ -66,6 +66,72 @@ def test_corrupt_segment_is_refused_later_ones_wait_other_partitions_go_on(
     assert row.safe_to_delete_below == int(bad.stem)
 
 
+def test_a_segment_goes_up_while_it_is_verified_and_appears_after(
+    tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the segment's bytes go out while it is verified (no idle connection waiting for the
+    # CRC walk and the index PUTs), but its object appears only after both
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
+    sending = threading.Event()
+    put_file = file_store.put_file
+
+    def watched_put_file(key: str, path: Path | str, **kwargs: Any) -> str:
+        if key.endswith(".log"):
+            sending.set()
+        return put_file(key, path, **kwargs)
+
+    real_prepare = uploader.prepare
+    checks: list[tuple[bool, int]] = []
+
+    def prepare(target: Any, cand: Any, interval: int) -> Any:
+        started = sending.wait(10)
+        visible = [o for o in file_store.list() if o.key.endswith(".log")]
+        checks.append((started, len(visible)))
+        return real_prepare(target, cand, interval)
+
+    monkeypatch.setattr(file_store, "put_file", watched_put_file)
+    monkeypatch.setattr(uploader, "prepare", prepare)
+    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
+    assert archiver.upload_round().ok
+    assert checks[0] == (True, 0)  # sending, not yet visible
+    m = load_manifest(file_store, log_dir, "orders", 0)
+    assert len(m.segments) == len(closed_segments(log_dir, "orders", 0))
+    for seg in m.segments:  # every object has its indexes beside it
+        assert file_store.exists(m.segment_key(seg).removesuffix(".log") + ".index")
+
+
+def test_a_corrupt_segment_sent_early_leaves_no_object_and_no_parts(
+    tmp_path: Path, s3_store: ObjectStore
+) -> None:
+    # multipart-sized segments: the parts of the corrupt one go up while it is verified, and
+    # the refusal aborts the upload before it completes
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=96, records=4, value_bytes=64 * 1024,
+                    segment_bytes=11 * 1024 * 1024)
+    first, second = closed_segments(log_dir, "orders", 0)[:2]
+    assert first.stat().st_size > 2 * 5 * 1024 * 1024  # three parts
+    data = bytearray(first.read_bytes())
+    data[200] ^= 0xFF
+    first.write_bytes(bytes(data))
+
+    client = s3_store._client  # type: ignore[attr-defined]
+    parts: list[str] = []
+    client.meta.events.register("before-call.s3.UploadPart",
+                                lambda **kwargs: parts.append("part"))
+    archiver = Archiver(config, s3_store, clock=Clock(), disk_usage=Disk())
+    report = archiver.upload_round()
+    [row] = report.partitions
+    assert row.decision == "corrupt_segment" and str(first) in (row.error or "")
+    assert len(parts) == 3  # it did go out early ...
+    assert not [o for o in s3_store.list() if o.key.endswith(".log")]  # ... and never landed
+    uploads = client.list_multipart_uploads(Bucket=s3_store.bucket)  # type: ignore[attr-defined]
+    assert uploads.get("Uploads", []) == []
+    assert second.exists()  # waits behind the refused one
+
+
 def test_a_segment_gone_before_verification_stops_the_round_there(
     tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,10 +296,10 @@ def test_the_controller_keeps_updating_while_a_round_runs(
     gate, entered = threading.Event(), threading.Event()
     put_file = file_store.put_file
 
-    def slow_put_file(key: str, path: Path | str) -> str:
+    def slow_put_file(key: str, path: Path | str, **kwargs: Any) -> str:
         entered.set()
         gate.wait(30)
-        return put_file(key, path)
+        return put_file(key, path, **kwargs)
 
     monkeypatch.setattr(file_store, "put_file", slow_put_file)
     disk = Disk(total=64 * 1024 * 1024, free=60 * 1024 * 1024)

@@ -19,7 +19,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -354,9 +354,10 @@ class FlakyStore(ObjectStore):
         self._check("PUT", key)
         return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
-    def put_file(self, key: str, path: Path | str) -> str:
+    def put_file(self, key: str, path: Path | str, *,
+                 ready: Callable[[], None] | None = None) -> str:
         self._check("PUT", key)
-        return self.inner.put_file(key, path)
+        return self.inner.put_file(key, path, ready=ready)
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         self._check("GET", key)

@@ -14,7 +14,7 @@ import builtins
 import random
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,9 +177,10 @@ class CountingStore(ObjectStore):
         self._count("put")
         return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
-    def put_file(self, key: str, path: Path | str) -> str:
+    def put_file(self, key: str, path: Path | str, *,
+                 ready: Callable[[], None] | None = None) -> str:
         self._count("put")
-        return self.inner.put_file(key, path)
+        return self.inner.put_file(key, path, ready=ready)
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         self._count("get")

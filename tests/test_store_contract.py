@@ -196,6 +196,48 @@ def test_put_file_small_and_put_large_bytes(store: ObjectStore, tmp_path: Path) 
     assert store.get("seg/big-bytes.log") == big
 
 
+@pytest.mark.parametrize("size", [100, 2 * TEST_MULTIPART_THRESHOLD + 7],
+                         ids=["single", "multipart"])
+def test_put_file_ready_runs_before_the_object_appears(
+    store: ObjectStore, tmp_path: Path, size: int
+) -> None:
+    # the archiver sends a segment while verifying it: the object must not be visible
+    # until ready() returned
+    data = os.urandom(size)
+    src = tmp_path / "segment.log"
+    src.write_bytes(data)
+    seen: list[bool] = []
+
+    def ready() -> None:
+        seen.append(store.exists("seg/held.log"))
+
+    etag = store.put_file("seg/held.log", src, ready=ready)
+    assert seen == [False]
+    assert store.head("seg/held.log").etag == etag
+    assert store.get("seg/held.log") == data
+
+
+class Refused(Exception):
+    """Stands in for a failed verification."""
+
+
+@pytest.mark.parametrize("size", [100, 2 * TEST_MULTIPART_THRESHOLD + 7],
+                         ids=["single", "multipart"])
+def test_put_file_ready_raising_leaves_no_object(
+    store: ObjectStore, tmp_path: Path, size: int
+) -> None:
+    src = tmp_path / "segment.log"
+    src.write_bytes(os.urandom(size))
+
+    def refuse() -> None:
+        raise Refused("corrupt batch at byte 42")
+
+    with pytest.raises(Refused, match="byte 42"):  # the caller's error, not a store error
+        store.put_file("seg/refused.log", src, ready=refuse)
+    assert not store.exists("seg/refused.log")
+    assert list(store.list("seg/")) == []
+
+
 def test_put_file_of_a_missing_file_is_a_store_error(store: ObjectStore, tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="cannot read"):
         store.put_file("seg/x.log", tmp_path / "absent.log")
@@ -378,6 +420,26 @@ def test_s3_multipart_declares_a_checksum_the_store_keeps(s3_store: S3Store,
                                        ChecksumMode="ENABLED")
     assert got.get("ChecksumCRC32")
     assert s3_store.get("seg/mp.log") == src.read_bytes()
+
+
+def test_s3_multipart_refused_by_ready_is_aborted(s3_store: S3Store, tmp_path: Path) -> None:
+    # the parts went up, but ready() refused the object: the upload is aborted, so no parts
+    # stay behind to be billed
+    src = tmp_path / "three-parts.log"
+    src.write_bytes(os.urandom(2 * TEST_MULTIPART_THRESHOLD + 1))
+    sent: list[str] = []
+    s3_store._client.meta.events.register(
+        "before-call.s3.UploadPart", lambda **kwargs: sent.append("part"))
+
+    def refuse() -> None:
+        assert len(sent) == 3  # called once every part is up
+        raise Refused("verification failed")
+
+    with pytest.raises(Refused):
+        s3_store.put_file("seg/mp.log", src, ready=refuse)
+    uploads = s3_store._client.list_multipart_uploads(Bucket=s3_store.bucket)
+    assert uploads.get("Uploads", []) == []
+    assert not s3_store.exists("seg/mp.log")
 
 
 @pytest.mark.parametrize(

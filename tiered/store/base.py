@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -92,9 +92,17 @@ class ObjectStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def put_file(self, key: str, path: Path | str) -> str:
+    def put_file(
+        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None
+    ) -> str:
         """Upload a local file (multipart above the threshold, streamed, never read whole into
-        memory) and return its ETag."""
+        memory) and return its ETag.
+
+        `ready`, when given, is called once before the object becomes visible at `key`: after
+        the bytes went up where the store can hold them back (multipart parts, a temporary
+        file), before sending them where it cannot (a single PUT). If it raises, no object
+        appears and its error propagates. The archiver uses it to send a segment while the
+        segment is still being verified and its indexes put beside it."""
 
     @abc.abstractmethod
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:

@@ -96,6 +96,11 @@ def _unlink_quiet(path: str) -> None:
         os.unlink(path)
 
 
+class _NotReady(Exception):
+    """Carries the error of a `put_file` `ready` callback past the OSError -> StoreError
+    mapping of `_write`: a failed verification is the caller's, not the store's."""
+
+
 class FileStore(ObjectStore):
     """Objects as files under one root directory (created if missing). Safe to share between
     threads and between processes on one host (flock does not protect NFS)."""
@@ -188,7 +193,9 @@ class FileStore(ObjectStore):
 
         return self._write("put", key, fill, if_none_match=if_none_match, if_match=if_match)
 
-    def put_file(self, key: str, path: Path | str) -> str:
+    def put_file(
+        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None
+    ) -> str:
         try:
             src = open(path, "rb")  # noqa: SIM115 - closed below, error mapped first
         except OSError as exc:
@@ -199,10 +206,19 @@ class FileStore(ObjectStore):
             while chunk := src.read(COPY_CHUNK):
                 digest.update(chunk)
                 f.write(chunk)
+            if ready is not None:  # the bytes wait in the temporary file, not yet visible
+                try:
+                    ready()
+                except BaseException as exc:
+                    raise _NotReady from exc
             return digest.hexdigest()
 
         with src:
-            return self._write("put_file", key, fill)
+            try:
+                return self._write("put_file", key, fill)
+            except _NotReady as held:
+                assert held.__cause__ is not None
+                raise held.__cause__ from None  # ready()'s own error, not a store fault
 
     def _write(
         self,

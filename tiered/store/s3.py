@@ -272,7 +272,9 @@ class S3Store(ObjectStore):
             return self.put(key, data)
         return _strip_etag(resp.get("ETag"))
 
-    def put_file(self, key: str, path: Path | str) -> str:
+    def put_file(
+        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None
+    ) -> str:
         self._full(key)
         try:
             size = os.stat(path).st_size
@@ -287,7 +289,10 @@ class S3Store(ObjectStore):
                         raise StoreError(f"put_file {path}: file changed size during upload")
                     return chunk
 
-                return self._multipart(key, size, read_part)
+                return self._multipart(key, size, read_part, ready)
+
+        if ready is not None:  # one request: nothing to hold back, so nothing goes first
+            ready()
 
         def single() -> Any:
             # reopened per attempt so a retry sends the file from its start
@@ -297,9 +302,11 @@ class S3Store(ObjectStore):
         resp = self._call("put_file", key, single)
         return _strip_etag(resp.get("ETag"))
 
-    def _multipart(self, key: str, total: int, read_part: Callable[[int, int], bytes]) -> str:
+    def _multipart(self, key: str, total: int, read_part: Callable[[int, int], bytes],
+                   ready: Callable[[], None] | None = None) -> str:
         """Upload `total` bytes as parts read by `read_part(offset, length)`, each part retried
-        on its own; any failure aborts the upload so no orphaned parts are billed."""
+        on its own; any failure, or `ready()` raising once the parts are up, aborts the upload
+        so no orphaned parts are billed and no object appears."""
         full = self._full(key)
         part_size = self._part_size(total)
         checksum = self._checksum_args()
@@ -331,6 +338,8 @@ class S3Store(ObjectStore):
                     for f in futures:
                         f.cancel()
                     raise
+            if ready is not None:
+                ready()
             done = self._call(
                 "complete_multipart_upload",
                 key,

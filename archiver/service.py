@@ -328,18 +328,23 @@ class Archiver:
 
     def housekeeping(self) -> PassReport:
         """Remote retention, replaced-segment and archived-manifest GC and orphan GC for every
-        partition of a remote-write topic."""
+        partition of a remote-write topic, `budget.concurrency` partitions at a time (each
+        lists its prefixes: one after another, a thousand partitions take minutes)."""
         report = PassReport()
-        for state in self._states():
-            row = self._housekeep_partition(state, report)
-            if row is not None:
-                report.partitions.append(row)
+        states = self._states()
+        if states:
+            workers = max(1, min(len(states), self._budget.concurrency))
+            with ThreadPoolExecutor(workers, thread_name_prefix="housekeeping") as pool:
+                for row, deleted in pool.map(self._housekeep_partition, states):
+                    report.deleted_remote_objects += deleted
+                    if row is not None:
+                        report.partitions.append(row)
         with self._lock:
             self._stats.remote_deleted_objects_total += report.deleted_remote_objects
         return report
 
-    def _housekeep_partition(self, state: _Partition, report: PassReport
-                             ) -> PartitionReport | None:
+    def _housekeep_partition(self, state: _Partition) -> tuple[PartitionReport | None, int]:
+        """The partition's housekeeping row (None: not housekept) and objects it deleted."""
         tp = state.tp
         row = PartitionReport(tp.topic, tp.partition, decision="housekept")
         with state.lock:
@@ -347,7 +352,7 @@ class Archiver:
                 tc = self.config.topic_config(tp.topic)
                 if not tc.remote_write or (state.fenced_by is not None
                                            and state.term <= state.fenced_by):
-                    return None
+                    return None, 0
                 cursor = state.cursor
                 m = head(cursor, self.mstore, state.target())
                 limits = None
@@ -358,24 +363,23 @@ class Archiver:
             except StaleTerm as err:
                 state.fenced_by = self._fencing_term(state)
                 row.decision, row.error = "fenced", str(err)
-                return row
+                return row, 0
             except ManifestConflict as err:
                 state.cursor.loaded = False
                 row.decision, row.error = "error", f"{err} (retried next pass)"
-                return row
+                return row, 0
             except (TieredError, OSError) as err:
                 state.cursor.loaded = False
                 row.decision, row.error = "error", f"{type(err).__name__}: {err}"
-                return row
+                return row, 0
             cursor.manifest, cursor.etag = out.manifest, out.etag
-        report.deleted_remote_objects += out.deleted_objects
         with self._lock:
             self._stats.commits_total += out.commits
         if out.errors:
             row.error = "; ".join(out.errors)
         if out.new_start_offset is not None:
             row.detail = f"remote start offset now {out.new_start_offset}"
-        return row
+        return row, out.deleted_objects
 
     # -- local retention -------------------------------------------------------------------------
 

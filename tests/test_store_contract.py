@@ -5,6 +5,7 @@ leftovers; S3: multipart ETags, prefix isolation, the credential chain)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import multiprocessing
 import os
 import pickle
@@ -25,7 +26,7 @@ from tiered.store import (
     StoreSettings,
 )
 from tiered.store.file import ETAG_DIR, LOCK_DIR, TMP_MARK
-from tiered.store.s3 import part_workers
+from tiered.store.s3 import FileRange, part_workers
 
 # -- the contract, every backend -------------------------------------------------------------
 
@@ -420,6 +421,35 @@ def test_s3_multipart_declares_a_checksum_the_store_keeps(s3_store: S3Store,
                                        ChecksumMode="ENABLED")
     assert got.get("ChecksumCRC32")
     assert s3_store.get("seg/mp.log") == src.read_bytes()
+
+
+def test_file_range_reads_its_window_only(tmp_path: Path) -> None:
+    src = tmp_path / "f"
+    src.write_bytes(bytes(range(100)))
+    with src.open("rb") as f:
+        body = FileRange(f.fileno(), 10, 20, str(src))
+        assert len(body) == 20 and body.tell() == 0
+        assert body.read(5) == bytes(range(10, 15))
+        assert body.read() == bytes(range(15, 30))
+        assert body.read() == b""
+        assert body.seek(0, io.SEEK_END) == 20 and body.seek(-4, io.SEEK_CUR) == 16
+        assert body.read(100) == bytes(range(26, 30))
+        body.seek(0)
+        buf = bytearray(8)
+        assert body.readinto(buf) == 8 and bytes(buf) == bytes(range(10, 18))
+
+
+def test_s3_file_shrinking_mid_upload_fails_and_aborts(s3_store: S3Store,
+                                                       tmp_path: Path) -> None:
+    src = tmp_path / "three-parts.log"
+    src.write_bytes(os.urandom(2 * TEST_MULTIPART_THRESHOLD + 1))
+    s3_store._client.meta.events.register(  # cut the file as the first part goes out
+        "before-call.s3.UploadPart", lambda **kwargs: os.truncate(src, 100))
+    with pytest.raises(StoreError, match="changed size"):
+        s3_store.put_file("seg/mp.log", src)
+    uploads = s3_store._client.list_multipart_uploads(Bucket=s3_store.bucket)
+    assert uploads.get("Uploads", []) == []
+    assert not s3_store.exists("seg/mp.log")
 
 
 def test_s3_multipart_refused_by_ready_is_aborted(s3_store: S3Store, tmp_path: Path) -> None:

@@ -58,8 +58,8 @@ class StoreSettings:
     multipart_chunksize: int = 16 * 1024 * 1024
     #: parts in flight at once for a multipart upload that has the store to itself; uploads
     #: running side by side share it (each gets `multipart_concurrency // uploads`, at least
-    #: one), since they are already the parallelism. Each part is held in memory, so peak
-    #: memory is about `max(multipart_concurrency, uploads) * multipart_chunksize`
+    #: one), since they are already the parallelism. A file's parts are streamed from the
+    #: file (`put_file`); only `put` of a large bytes object copies one part per request
     multipart_concurrency: int = 4
     #: documented single-writer opt-out: skip the conditional-write probe on stores that ignore
     #: If-Match / If-None-Match. Only safe when exactly one writer ever touches the bucket.

@@ -22,7 +22,9 @@ each contender into a fresh bucket of its own and counts what landed there:
                         `max_concurrent_requests` set to the same concurrency
 
 Throughput is segment (`.log`) bytes over wall time, in MB/s (10**6 bytes); the ratio that
-counts is `ratios.tiered_cli_vs_boto3` (goal: at least 0.9). tiered also uploads an index
+counts is `ratios.tiered_cli_vs_boto3` (goal: at least 0.9), from each contender's median
+run; `ratios_paired_by_round` is the median of the per-round ratios instead (the contenders
+of a round run back to back, so a slow spell of a shared machine hits both alike). tiered also uploads an index
 object per segment and its manifests, counted in `objects` / `bucket_bytes` but not in MB/s.
 
 The aws CLI pins its own botocore, so it never goes into the project's environment: when
@@ -478,6 +480,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
+    def paired(ours: str, theirs: str) -> float | None:
+        """The median over repeats of (their seconds / our seconds) within one round: the
+        two ran back to back, so a slow spell of the shared machine hits both alike."""
+        if not all(results.get(name, {}).get("complete") for name in (ours, theirs)):
+            return None
+        pairs = zip(runs[ours], runs[theirs], strict=True)
+        return round(statistics.median(t["seconds"] / o["seconds"] for o, t in pairs), 3)
+
     def ratio(ours: str, theirs: str, figure: str = "mb_per_s") -> float | None:
         a, b = results.get(ours, {}), results.get(theirs, {})
         if not (a.get("complete") and b.get("complete")):
@@ -507,6 +517,11 @@ def main(argv: list[str] | None = None) -> int:
             "tiered_inprocess_vs_boto3": ratio("tiered_inprocess", "boto3"),
             "tiered_cli_vs_aws_cli": ratio("tiered_cli", "aws_cli"),
             "tiered_cli_vs_boto3_parallel_parts": ratio("tiered_cli", "boto3_parallel_parts"),
+        },
+        # per round, then the median: robust to a slow spell that hits some rounds only
+        "ratios_paired_by_round": {
+            "tiered_cli_vs_boto3": paired("tiered_cli", "boto3"),
+            "tiered_inprocess_vs_boto3": paired("tiered_inprocess", "boto3"),
         },
         # the fastest runs, least disturbed by other work on shared cores
         "ratios_best_runs": {

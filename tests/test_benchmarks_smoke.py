@@ -60,6 +60,7 @@ def test_upload_benchmark_reports_every_contender_complete() -> None:
     ratios = report["ratios"]
     assert ratios["tiered_cli_vs_boto3"] > 0
     assert ratios["tiered_inprocess_vs_boto3"] > 0
+    assert report["ratios_paired_by_round"]["tiered_cli_vs_boto3"] > 0
 
 
 def test_upload_benchmark_refuses_an_unknown_contender() -> None:

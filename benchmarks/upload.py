@@ -24,8 +24,9 @@ each contender into a fresh bucket of its own and counts what landed there:
 Throughput is segment (`.log`) bytes over wall time, in MB/s (10**6 bytes); the ratio that
 counts is `ratios.tiered_cli_vs_boto3` (goal: at least 0.9), from each contender's median
 run; `ratios_paired_by_round` is the median of the per-round ratios instead (the contenders
-of a round run back to back, so a slow spell of a shared machine hits both alike). tiered also uploads an index
-object per segment and its manifests, counted in `objects` / `bucket_bytes` but not in MB/s.
+of a round run back to back, so a slow spell of a shared machine hits both alike). tiered
+also uploads index objects per segment and its manifests, counted in `objects` /
+`bucket_bytes` but not in MB/s.
 
 The aws CLI pins its own botocore, so it never goes into the project's environment: when
 `aws` is not on PATH it is pip-installed into a private venv under `benchmarks/.cache/awscli`;

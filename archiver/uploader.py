@@ -332,17 +332,23 @@ def upload(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
         return sent + _put(store, object_keys(m, prep.meta)["log"], prep.body, gate.limiter)
 
 
-def upload_early(store: ObjectStore, key: str, path: Path, verdict: Future[int],
+def upload_early(store: ObjectStore, key: str, cand: UploadCandidate, verdict: Future[int],
                  gate: UploadGate) -> int:
     """Send a closed segment file while it is still being verified, within one concurrency
     slot; returns its size. The store holds the object back (multipart parts not yet
     completed, a temporary file) until `verdict` resolves, i.e. the file passed verification
     and its index objects are beside it, and drops it when `verdict` raises: a corrupt segment
     never appears in the bucket, and a sound one no longer waits for its own verification
-    and index PUTs before its first byte goes out."""
+    and index PUTs before its first byte goes out. The bandwidth for the index files is
+    taken here too, with the segment's: the partition thread that puts them must not queue
+    behind the debt this segment just ran up, or the segment would wait for its own bytes."""
+    path = Path(cand.paths[0])
+    size = path.stat().st_size
+    indexes = sum(os.stat(p).st_size for p in cand.paths[1:] if os.path.exists(p))
     with gate.slots.hold():
-        return _put(store, key, path, gate.limiter,
-                    ready=functools.partial(_await_verdict, verdict))
+        gate.limiter.acquire(size + indexes)
+        store.put_file(key, path, ready=functools.partial(_await_verdict, verdict))
+    return size
 
 
 def _await_verdict(verdict: Future[int]) -> None:
@@ -350,18 +356,20 @@ def _await_verdict(verdict: Future[int]) -> None:
 
 
 def put_indexes(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
-                limiter: TokenBucket) -> int:
-    """Put a verified candidate's index objects; returns their bytes."""
+                limiter: TokenBucket | None) -> int:
+    """Put a verified candidate's index objects; returns their bytes. `limiter` None: their
+    bandwidth was taken already (see `upload_early`)."""
     where = object_keys(m, prep.meta)
     return sum(_put(store, where[kind], source, limiter) for kind, source in prep.indexes.items())
 
 
-def _put(store: ObjectStore, key: str, source: Path | bytes, limiter: TokenBucket,
-         ready: Callable[[], None] | None = None) -> int:
+def _put(store: ObjectStore, key: str, source: Path | bytes, limiter: TokenBucket | None
+         ) -> int:
     size = source.stat().st_size if isinstance(source, Path) else len(source)
-    limiter.acquire(size)
+    if limiter is not None:
+        limiter.acquire(size)
     if isinstance(source, Path):
-        store.put_file(key, source, ready=ready)
+        store.put_file(key, source)
     else:
         store.put(key, source)
     return size
@@ -461,15 +469,15 @@ def _run(
             # the verification below and its indexes are in (see upload_early)
             verdict = Future()
             early = submit(functools.partial(
-                upload_early, mstore.store, segment_key(m, cand, target.term),
-                Path(cand.paths[0]), verdict, gate))
+                upload_early, mstore.store, segment_key(m, cand, target.term), cand, verdict,
+                gate))
         try:
             prep = prepare(target, cand, index_interval_bytes)
             indexed = 0
             if verdict is not None:
                 if object_keys(m, prep.meta)["log"] != segment_key(m, cand, target.term):
                     raise TieredError(f"{cand.paths[0]}: object key changed in verification")
-                indexed = put_indexes(mstore.store, m, prep, gate.limiter)
+                indexed = put_indexes(mstore.store, m, prep, None)
         except BaseException as err:
             if verdict is not None:  # never leave an early upload waiting
                 verdict.set_exception(err)

@@ -102,6 +102,27 @@ def test_a_segment_goes_up_while_it_is_verified_and_appears_after(
         assert file_store.exists(m.segment_key(seg).removesuffix(".log") + ".index")
 
 
+def test_an_early_upload_pays_for_its_indexes_up_front(
+    tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the segment's bandwidth may run the bucket into debt; its index PUTs (from the
+    # partition thread, while the segment waits for them) must not queue behind that debt,
+    # so the segment and its indexes are paid for in one acquire
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
+    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
+    acquired: list[int] = []
+    monkeypatch.setattr(archiver.limiter, "acquire", acquired.append)
+    report = archiver.upload_round()
+    assert report.ok
+    segments = closed_segments(log_dir, "orders", 0)
+    kinds = (".log", ".index", ".timeindex")
+    expected = sorted(sum(seg.with_suffix(k).stat().st_size for k in kinds) for seg in segments)
+    assert sorted(acquired) == expected
+    assert sum(acquired) == report.partitions[0].uploaded_bytes
+
+
 def test_a_corrupt_segment_sent_early_leaves_no_object_and_no_parts(
     tmp_path: Path, s3_store: ObjectStore
 ) -> None:

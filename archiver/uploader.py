@@ -332,27 +332,29 @@ def upload(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
         return sent + _put(store, object_keys(m, prep.meta)["log"], prep.body, gate.limiter)
 
 
-def upload_early(store: ObjectStore, key: str, cand: UploadCandidate, verdict: Future[int],
-                 gate: UploadGate) -> int:
+def upload_early(store: ObjectStore, m: PartitionManifest, key: str, cand: UploadCandidate,
+                 verdict: Future[PreparedUpload], gate: UploadGate) -> int:
     """Send a closed segment file while it is still being verified, within one concurrency
-    slot; returns its size. The store holds the object back (multipart parts not yet
-    completed, a temporary file) until `verdict` resolves, i.e. the file passed verification
-    and its index objects are beside it, and drops it when `verdict` raises: a corrupt segment
-    never appears in the bucket, and a sound one no longer waits for its own verification
-    and index PUTs before its first byte goes out. The bandwidth for the index files is
-    taken here too, with the segment's: the partition thread that puts them must not queue
-    behind the debt this segment just ran up, or the segment would wait for its own bytes."""
+    slot; returns the bytes of it and its indexes. The store holds the object back (multipart
+    parts not yet completed, a temporary file) until `verdict` resolves: then the index
+    objects go up, from this slot, and only then the segment object completes. When `verdict`
+    raises (corrupt, unreadable) the object is dropped. So a corrupt segment never appears in
+    the bucket, every segment object has its indexes beside it, and a sound segment does not
+    wait for its own verification before its first byte goes out. The bandwidth for the
+    index files is taken here with the segment's, in one acquire: index PUTs must not queue
+    behind the debt this segment just ran up."""
     path = Path(cand.paths[0])
     size = path.stat().st_size
     indexes = sum(os.stat(p).st_size for p in cand.paths[1:] if os.path.exists(p))
+    sent: list[int] = []
+
+    def ready() -> None:
+        sent.append(put_indexes(store, m, verdict.result(), None))
+
     with gate.slots.hold():
         gate.limiter.acquire(size + indexes)
-        store.put_file(key, path, ready=functools.partial(_await_verdict, verdict))
-    return size
-
-
-def _await_verdict(verdict: Future[int]) -> None:
-    verdict.result()
+        store.put_file(key, path, ready=ready)
+    return size + sum(sent)
 
 
 def put_indexes(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
@@ -457,72 +459,61 @@ def _run(
 
     prepared: list[PreparedUpload] = []
     futures: list[Future[int]] = []
-    extra: list[int] = []  # index bytes put from this thread, per prepared candidate
     refused: list[Future[int]] = []  # early uploads told to drop their object
     corrupt: CorruptSegmentError | None = None
-    unreadable: OSError | None = None
-    index_failure: TieredError | None = None
+    unreadable: OSError | TieredError | None = None
     for cand in plan.candidates:
-        verdict: Future[int] | None = None
+        verdict: Future[PreparedUpload] | None = None
         if cand.kind is UploadKind.SEGMENT:
             # a closed segment starts going up now; its object appears only once it passed
             # the verification below and its indexes are in (see upload_early)
             verdict = Future()
-            early = submit(functools.partial(
-                upload_early, mstore.store, segment_key(m, cand, target.term), cand, verdict,
-                gate))
+            key = segment_key(m, cand, target.term)
+            early = submit(functools.partial(upload_early, mstore.store, m, key, cand, verdict,
+                                             gate))
         try:
             prep = prepare(target, cand, index_interval_bytes)
-            indexed = 0
-            if verdict is not None:
-                if object_keys(m, prep.meta)["log"] != segment_key(m, cand, target.term):
-                    raise TieredError(f"{cand.paths[0]}: object key changed in verification")
-                indexed = put_indexes(mstore.store, m, prep, None)
+            if verdict is not None and object_keys(m, prep.meta)["log"] != key:
+                raise TieredError(f"{cand.paths[0]}: verified as another object than {key}")
         except BaseException as err:
             if verdict is not None:  # never leave an early upload waiting
                 verdict.set_exception(err)
                 refused.append(early)
             if isinstance(err, CorruptSegmentError):
                 corrupt = err  # this one is refused, the later ones wait behind it
-            elif isinstance(err, OSError):  # e.g. the broker deleted it: earlier ones count
-                unreadable = err
-            elif isinstance(err, TieredError):  # its indexes could not be put
-                index_failure = err
-                out.upload_errors += 1
+            elif isinstance(err, (OSError, TieredError)):  # e.g. the broker deleted it: the
+                unreadable = err  # ones before it still count
             else:
                 raise
             break
         if verdict is not None:
-            verdict.set_result(indexed)
+            verdict.set_result(prep)
             fut = early
         else:  # a byte range: its bytes were read and checked in prepare
             fut = submit(functools.partial(upload, mstore.store, m, prep, gate))
         prepared.append(prep)
         futures.append(fut)
-        extra.append(indexed)
     try:
-        _finish(target, mstore, cursor, m, prepared, futures, extra, now_ms, out)
+        _finish(target, mstore, cursor, m, prepared, futures, now_ms, out)
     finally:
         for fut in refused:  # their objects are being dropped; the reason is known already
             fut.exception()
     if corrupt is not None:
         out.decision, out.error = "corrupt_segment", str(corrupt)
-    elif out.error is None and index_failure is not None:
-        out.decision, out.error = "error", f"upload failed: {index_failure}"
     elif out.error is None and unreadable is not None:
         out.decision, out.error = "error", f"{type(unreadable).__name__}: {unreadable}"
 
 
 def _finish(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,
             m: PartitionManifest, prepared: list[PreparedUpload], futures: list[Future[int]],
-            extra: list[int], now_ms: int, out: UploadOutcome) -> None:
+            now_ms: int, out: UploadOutcome) -> None:
     """Wait for the candidates' uploads and commit the contiguous run of them that went up."""
     done: list[SegmentMeta] = []
     sent: dict[str, int] = {}  # object name -> bytes of it and its indexes
     failure: BaseException | None = None
-    for prep, fut, indexed in zip(prepared, futures, extra, strict=True):
+    for prep, fut in zip(prepared, futures, strict=True):
         try:
-            sent[prep.meta.object_name] = fut.result() + indexed
+            sent[prep.meta.object_name] = fut.result()
         except (TieredError, OSError) as err:
             failure = failure or err
             out.upload_errors += 1

@@ -102,6 +102,30 @@ def test_a_segment_goes_up_while_it_is_verified_and_appears_after(
         assert file_store.exists(m.segment_key(seg).removesuffix(".log") + ".index")
 
 
+def test_index_puts_of_one_partition_run_side_by_side(
+    tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each segment's indexes go up from its own upload slot, not one after another from the
+    # partition's thread (on real S3, 8 candidates x 2 index PUTs in series is a second)
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
+    together = threading.Barrier(2, timeout=10)
+    put_file = file_store.put_file
+
+    def meeting_put_file(key: str, path: Path | str, **kwargs: Any) -> str:
+        if key.endswith(".index"):
+            together.wait()  # both segments' .index PUTs in flight at once, or it breaks
+        return put_file(key, path, **kwargs)
+
+    monkeypatch.setattr(file_store, "put_file", meeting_put_file)
+    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
+    assert archiver.upload_round().ok
+    assert not together.broken
+    m = load_manifest(file_store, log_dir, "orders", 0)
+    assert len(m.segments) == 2
+
+
 def test_an_early_upload_pays_for_its_indexes_up_front(
     tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,11 +19,12 @@ created per round with the current budget.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,9 @@ log = logging.getLogger(__name__)
 #: shortest pause between the controller's updates during an upload round, whatever
 #: cloud_storage_upload_ctrl_update_interval_ms says (each update lists the log dirs)
 MIN_CONTROLLER_TICK_S = 0.1
+#: partitions housekept at once while a one-shot pass is still uploading: few, since they
+#: share the connection pool with the uploads
+PASS_HOUSEKEEPING_WORKERS = 2
 
 __all__ = ["Archiver", "ArchiverStats", "PartitionReport", "PassReport", "revision_of", "term_of"]
 
@@ -211,20 +215,30 @@ class Archiver:
 
     # -- uploads ---------------------------------------------------------------------------------
 
-    def upload_round(self) -> PassReport:
+    def upload_round(
+        self, after: Callable[[_Partition, PartitionReport], None] | None = None
+    ) -> PassReport:
         """Upload what is eligible in every partition and commit the manifests.
 
         Partitions are planned and verified `budget.concurrency` at a time; their objects go
         through a pool sized for the largest budget, gated by `slots` and `limiter`, which the
-        controller keeps adjusting while the round runs (see `_controller_running`)."""
+        controller keeps adjusting while the round runs (see `_controller_running`). `after`
+        is called with each partition's row as soon as that partition is done."""
         budget = self._budget
         self._apply(budget)
         states = self._states()
         report = PassReport()
+
+        def one(state: _Partition, submit: Any) -> PartitionReport:
+            row = self._upload_partition(state, submit)
+            if after is not None:
+                after(state, row)
+            return row
+
         with self._controller_running(), \
                 ThreadPoolExecutor(budget.concurrency, thread_name_prefix="archiver") as parts, \
                 ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="upload") as objects:
-            futures = [parts.submit(self._upload_partition, s, objects.submit) for s in states]
+            futures = [parts.submit(one, s, objects.submit) for s in states]
             report.partitions.extend(fut.result() for fut in futures)
         self._save_topic_manifests(states, report)
         return report
@@ -330,15 +344,20 @@ class Archiver:
         """Remote retention, replaced-segment and archived-manifest GC and orphan GC for every
         partition of a remote-write topic, `budget.concurrency` partitions at a time (each
         lists its prefixes: one after another, a thousand partitions take minutes)."""
-        report = PassReport()
         states = self._states()
-        if states:
-            workers = max(1, min(len(states), self._budget.concurrency))
-            with ThreadPoolExecutor(workers, thread_name_prefix="housekeeping") as pool:
-                for row, deleted in pool.map(self._housekeep_partition, states):
-                    report.deleted_remote_objects += deleted
-                    if row is not None:
-                        report.partitions.append(row)
+        if not states:
+            return self._housekept([])
+        workers = max(1, min(len(states), self._budget.concurrency))
+        with ThreadPoolExecutor(workers, thread_name_prefix="housekeeping") as pool:
+            return self._housekept(list(pool.map(self._housekeep_partition, states)))
+
+    def _housekept(self, results: list[tuple[PartitionReport | None, int]]) -> PassReport:
+        """The report of housekeeping results, counted in the stats."""
+        report = PassReport()
+        for row, deleted in results:
+            report.deleted_remote_objects += deleted
+            if row is not None:
+                report.partitions.append(row)
         with self._lock:
             self._stats.remote_deleted_objects_total += report.deleted_remote_objects
         return report
@@ -531,11 +550,23 @@ class Archiver:
         partition stuck on a fault stops contributing and so cannot keep the loop going)."""
         self.scan()
         self.update_controller()
-        report = last = self.upload_round()
-        while any(p.uploaded_segments for p in last.partitions):
-            last = self.upload_round()
-            report = report.merge(last)
-        report = report.merge(self.housekeeping())
+        # each partition's housekeeping starts as soon as its uploads are done, beside the
+        # others' uploads (its lists and deletes are the pass's tail otherwise); a partition
+        # that uploads again in a later round is housekept again after it
+        housekept: dict[TopicPartition, Future[tuple[PartitionReport | None, int]]] = {}
+        with ThreadPoolExecutor(PASS_HOUSEKEEPING_WORKERS,
+                                thread_name_prefix="housekeeping") as pool:
+
+            def after(first: bool, state: _Partition, row: PartitionReport) -> None:
+                if first or row.uploaded_segments:
+                    housekept[state.tp] = pool.submit(self._housekeep_partition, state)
+
+            report = last = self.upload_round(functools.partial(after, True))
+            while any(p.uploaded_segments for p in last.partitions):
+                last = self.upload_round(functools.partial(after, False))
+                report = report.merge(last)
+            done = self._housekept([housekept[tp].result() for tp in sorted(housekept)])
+        report = report.merge(done)
         return report.merge(self.local_retention())
 
     def describe(self, topic: str | None = None) -> list[dict[str, Any]]:

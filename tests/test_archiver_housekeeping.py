@@ -5,12 +5,22 @@ are found and deleted once older than the grace period, and nothing referenced e
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_archiver_e2e import Clock, Disk, drain, load_manifest, make_config, write_partition
+from test_archiver_e2e import (
+    Clock,
+    Disk,
+    closed_segments,
+    drain,
+    load_manifest,
+    make_config,
+    write_partition,
+)
 
 from archiver.retention import retention_start_offset
 from archiver.service import Archiver
@@ -195,3 +205,61 @@ def test_leftovers_of_a_crash_before_the_first_commit_are_collected(
     clock.advance(GRACE_MS / 1000 + 1)
     assert archiver.housekeeping().deleted_remote_objects == 1
     assert not s3_store.exists(leftover)
+
+
+def test_a_pass_housekeeps_a_partition_while_others_still_upload(
+    tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one-shot pass: orders/0's housekeeping must not wait for orders/1's slow upload
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=9)
+    write_partition(log_dir, "orders", 1, batches=9)
+    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
+    housekept_0 = threading.Event()
+    waited: list[bool] = []
+    put_file = file_store.put_file
+
+    def slow_put_file(key: str, path: Path | str, **kwargs: Any) -> str:
+        if "/orders/1_" in key and key.endswith(".log") and not waited:
+            waited.append(housekept_0.wait(10))  # held until orders/0 is housekept
+        return put_file(key, path, **kwargs)
+
+    housekeep = archiver.gc.housekeep
+
+    def watched(m: PartitionManifest, *args: Any, **kwargs: Any) -> Any:
+        if m.partition == 0:
+            housekept_0.set()
+        return housekeep(m, *args, **kwargs)
+
+    monkeypatch.setattr(file_store, "put_file", slow_put_file)
+    monkeypatch.setattr(archiver.gc, "housekeep", watched)
+    report = archiver.run_once()
+    assert report.ok
+    assert waited and all(waited)  # each wait ended by the event, none by the timeout
+    assert sorted(p.partition for p in report.partitions) == [0, 1]
+
+
+def test_a_partition_uploading_over_several_rounds_is_housekept_after_the_last(
+    tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=14)  # several closed segments
+    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
+    archiver.upload_params = dataclasses.replace(archiver.upload_params,
+                                                 max_candidates_per_round=1)
+    seen: list[int] = []
+    housekeep = archiver.gc.housekeep
+
+    def watched(m: PartitionManifest, *args: Any, **kwargs: Any) -> Any:
+        seen.append(m.last_offset)
+        return housekeep(m, *args, **kwargs)
+
+    monkeypatch.setattr(archiver.gc, "housekeep", watched)
+    report = archiver.run_once()
+    segments = len(closed_segments(log_dir, "orders", 0))
+    assert segments > 1
+    assert report.ok and report.partitions[0].uploaded_segments == segments  # one per round
+    final = load_manifest(file_store, log_dir, "orders", 0)
+    assert seen and seen[-1] == final.last_offset  # the last housekeeping saw every upload

@@ -41,6 +41,7 @@ from archiver.local_retention import (
     partition_view,
     real_disk_usage,
 )
+from archiver.log_view import SegmentFacts, snapshot_of
 from archiver.reports import ArchiverStats, PartitionReport, PassReport, storage_row
 from archiver.retention import GarbageCollector
 from archiver.space import (
@@ -56,12 +57,10 @@ from archiver.upload_policy import LogSnapshot, UploadParams
 from archiver.uploader import (
     ArchivalCursor,
     PartitionTarget,
-    SegmentFacts,
     UploadGate,
     UploadOutcome,
     archive_partition,
     head,
-    snapshot_of,
 )
 from manifests.commit import ManifestStore
 from manifests.errors import ManifestConflict, StaleTerm

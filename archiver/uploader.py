@@ -39,9 +39,7 @@ import crc32c
 from archiver.bandwidth import ConcurrencyLimit, TokenBucket
 from archiver.upload_policy import (
     DECISION_LOG_LEVEL,
-    ActiveSegment,
     ArchivalState,
-    LocalSegment,
     LogSnapshot,
     UploadCandidate,
     UploadDecision,
@@ -121,68 +119,6 @@ class UploadOutcome:
     upload_errors: int = 0
     fenced: bool = False
     committed_keys: list[str] = field(default_factory=list)
-
-
-# -- the local log as the policy sees it ---------------------------------------------------------
-
-
-class SegmentFacts:
-    """Last offset and max timestamp of closed segments, cached by (path, size, mtime): a
-    closed segment is immutable, so each one is read once however many rounds see it."""
-
-    def __init__(self) -> None:
-        self._known: dict[tuple[str, int, int], tuple[int, int]] = {}
-
-    def local_segment(self, seg: Segment, next_base: int | None = None) -> LocalSegment:
-        """The policy's view of closed segment `seg`. A segment too damaged to read its tail
-        is described by its neighbours (it ends before `next_base`) so that the uploader
-        reaches it, verifies it and refuses it with the exact position, instead of the whole
-        partition failing here."""
-        st = seg.log_path.stat()
-        key = (str(seg.log_path), st.st_size, st.st_mtime_ns)
-        mtime_ms = st.st_mtime_ns // 1_000_000
-        facts = self._known.get(key)
-        if facts is None:
-            try:
-                last = seg.last_offset()
-                max_ts = seg.max_timestamp()
-            except CorruptSegmentError as err:
-                if next_base is None:
-                    raise
-                log.debug("%s: unreadable tail (%s); verification will report it",
-                          seg.log_path, err)
-                facts = (next_base - 1, mtime_ms)
-            else:
-                facts = (
-                    seg.base_offset - 1 if last is None else last,
-                    # Kafka falls back to the file's mtime for a segment without timestamps
-                    mtime_ms if max_ts is None else max_ts,
-                )
-                self._known[key] = facts
-        paths = tuple(str(p) for p in (seg.log_path, seg.index_path, seg.timeindex_path))
-        return LocalSegment(seg.base_offset, facts[0], st.st_size, facts[1], paths)
-
-    def forget_missing(self) -> None:
-        """Drop entries of files that are gone (deleted by retention)."""
-        self._known = {k: v for k, v in self._known.items() if os.path.exists(k[0])}
-
-
-def snapshot_of(part: PartitionLog, facts: SegmentFacts) -> LogSnapshot:
-    """The partition's log for the upload policy. Without a replication-offset-checkpoint (a
-    log written by tiered's own writer, no broker) the log end offset stands in for the high
-    watermark: every appended record is then committed."""
-    segs = part.segments
-    closed = tuple(facts.local_segment(s, segs[i + 1].base_offset)
-                   for i, s in enumerate(part.closed_segments))
-    active_seg = part.active_segment
-    active = None
-    if active_seg is not None:
-        active = ActiveSegment(active_seg.base_offset, active_seg.size(),
-                               (str(active_seg.log_path),))
-    hw = part.high_watermark
-    if hw is None:
-        hw = part.log_end_offset() or 0
-    return LogSnapshot(closed, active, hw)
 
 
 # -- verification and object bytes ------------------------------------------------------------

@@ -119,7 +119,7 @@ def test_index_puts_of_one_partition_run_side_by_side(
         return put_file(key, path, **kwargs)
 
     monkeypatch.setattr(file_store, "put_file", meeting_put_file)
-    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
+    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk(), fixed_shares=1000)
     assert archiver.upload_round().ok
     assert not together.broken
     m = load_manifest(file_store, log_dir, "orders", 0)

@@ -26,7 +26,8 @@ from tiered.store import (
     StoreSettings,
 )
 from tiered.store.file import ETAG_DIR, LOCK_DIR, TMP_MARK
-from tiered.store.s3 import FileRange, part_workers
+from tiered.store.file_range import FileRange
+from tiered.store.s3 import part_workers
 
 # -- the contract, every backend -------------------------------------------------------------
 

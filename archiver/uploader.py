@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -69,6 +68,8 @@ CHECKSUM_CHUNK_BYTES = 1 << 20
 COMMIT_ATTEMPTS = 3
 #: index files that travel beside a segment object, by `manifests.keys` kind
 INDEX_KINDS = ("index", "timeindex", "txnindex")
+#: their suffixes beside a segment's `.log` in the log dir
+INDEX_SUFFIXES = tuple(f".{kind}" for kind in INDEX_KINDS)
 
 
 class Submit(Protocol):
@@ -281,7 +282,7 @@ def upload_early(store: ObjectStore, m: PartitionManifest, key: str, cand: Uploa
     behind the debt this segment just ran up."""
     path = Path(cand.paths[0])
     size = path.stat().st_size
-    indexes = sum(os.stat(p).st_size for p in cand.paths[1:] if os.path.exists(p))
+    indexes = sum(_size_or_zero(path.with_suffix(ext)) for ext in INDEX_SUFFIXES)
     sent: list[int] = []
 
     def ready() -> None:
@@ -291,6 +292,13 @@ def upload_early(store: ObjectStore, m: PartitionManifest, key: str, cand: Uploa
         gate.limiter.acquire(size + indexes)
         store.put_file(key, path, ready=ready)
     return size + sum(sent)
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def put_indexes(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from archiver.service import Archiver
 from archiver.space import DiskInfo
@@ -123,6 +125,18 @@ def load_manifest(store: ObjectStore, log_dir: Path, topic: str, partition: int
                   ) -> PartitionManifest:
     m, _ = ManifestStore(store).load(topic, partition, revision(log_dir, topic, partition))
     return m
+
+
+def before_put_file(monkeypatch: pytest.MonkeyPatch, store: ObjectStore,
+                    hook: Callable[[str], None]) -> None:
+    """Make `store.put_file` call `hook(key)` first: to watch, hold or meet an upload."""
+    put_file = store.put_file
+
+    def hooked(key: str, path: Path | str, **kwargs: Any) -> str:
+        hook(key)
+        return put_file(key, path, **kwargs)
+
+    monkeypatch.setattr(store, "put_file", hooked)
 
 
 def closed_segments(log_dir: Path, topic: str, partition: int) -> list[Path]:

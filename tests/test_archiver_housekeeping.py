@@ -15,6 +15,7 @@ import pytest
 from test_archiver_e2e import (
     Clock,
     Disk,
+    before_put_file,
     closed_segments,
     drain,
     load_manifest,
@@ -220,12 +221,10 @@ def test_a_pass_housekeeps_a_partition_while_others_still_upload(
     housekept_0 = threading.Event()
     claim = threading.Lock()
     waited: list[bool] = []
-    put_file = file_store.put_file
 
-    def slow_put_file(key: str, path: Path | str, **kwargs: Any) -> str:
+    def hold(key: str) -> None:
         if "/orders/1_" in key and key.endswith(".log") and claim.acquire(blocking=False):
             waited.append(housekept_0.wait(10))  # one upload held until orders/0 is housekept
-        return put_file(key, path, **kwargs)
 
     housekeep = archiver.gc.housekeep
 
@@ -234,7 +233,7 @@ def test_a_pass_housekeeps_a_partition_while_others_still_upload(
             housekept_0.set()
         return housekeep(m, *args, **kwargs)
 
-    monkeypatch.setattr(file_store, "put_file", slow_put_file)
+    before_put_file(monkeypatch, file_store, hold)
     monkeypatch.setattr(archiver.gc, "housekeep", watched)
     report = archiver.run_once()
     assert report.ok

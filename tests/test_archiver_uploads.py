@@ -17,6 +17,7 @@ from test_archiver_e2e import (
     T0,
     Clock,
     Disk,
+    before_put_file,
     closed_segments,
     drain,
     load_manifest,
@@ -75,12 +76,10 @@ def test_a_segment_goes_up_while_it_is_verified_and_appears_after(
     log_dir = config.log_dirs[0]
     write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
     sending = threading.Event()
-    put_file = file_store.put_file
 
-    def watched_put_file(key: str, path: Path | str, **kwargs: Any) -> str:
+    def watch(key: str) -> None:
         if key.endswith(".log"):
             sending.set()
-        return put_file(key, path, **kwargs)
 
     real_prepare = uploader.prepare
     checks: list[tuple[bool, int]] = []
@@ -91,7 +90,7 @@ def test_a_segment_goes_up_while_it_is_verified_and_appears_after(
         checks.append((started, len(visible)))
         return real_prepare(target, cand, interval)
 
-    monkeypatch.setattr(file_store, "put_file", watched_put_file)
+    before_put_file(monkeypatch, file_store, watch)
     monkeypatch.setattr(uploader, "prepare", prepare)
     archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
     assert archiver.upload_round().ok
@@ -111,14 +110,12 @@ def test_index_puts_of_one_partition_run_side_by_side(
     log_dir = config.log_dirs[0]
     write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
     together = threading.Barrier(2, timeout=10)
-    put_file = file_store.put_file
 
-    def meeting_put_file(key: str, path: Path | str, **kwargs: Any) -> str:
+    def meet(key: str) -> None:
         if key.endswith(".index"):
             together.wait()  # both segments' .index PUTs in flight at once, or it breaks
-        return put_file(key, path, **kwargs)
 
-    monkeypatch.setattr(file_store, "put_file", meeting_put_file)
+    before_put_file(monkeypatch, file_store, meet)
     archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk(), fixed_shares=1000)
     assert archiver.upload_round().ok
     assert not together.broken
@@ -129,9 +126,9 @@ def test_index_puts_of_one_partition_run_side_by_side(
 def test_an_early_upload_pays_for_its_indexes_up_front(
     tmp_path: Path, file_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the segment's bandwidth may run the bucket into debt; its index PUTs (from the
-    # partition thread, while the segment waits for them) must not queue behind that debt,
-    # so the segment and its indexes are paid for in one acquire
+    # the segment's bandwidth may run the bucket into debt; its index PUTs (made while the
+    # segment waits for them before completing) must not queue behind that debt, so the
+    # segment and its indexes are paid for in one acquire
     config = make_config(tmp_path)
     log_dir = config.log_dirs[0]
     write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
@@ -339,14 +336,12 @@ def test_the_controller_keeps_updating_while_a_round_runs(
     log_dir = config.log_dirs[0]
     write_partition(log_dir, "orders", 0, batches=9)
     gate, entered = threading.Event(), threading.Event()
-    put_file = file_store.put_file
 
-    def slow_put_file(key: str, path: Path | str, **kwargs: Any) -> str:
+    def hold(key: str) -> None:
         entered.set()
         gate.wait(30)
-        return put_file(key, path, **kwargs)
 
-    monkeypatch.setattr(file_store, "put_file", slow_put_file)
+    before_put_file(monkeypatch, file_store, hold)
     disk = Disk(total=64 * 1024 * 1024, free=60 * 1024 * 1024)
     archiver = Archiver(config, file_store, disk_usage=disk)
     archiver.update_controller()

@@ -438,6 +438,8 @@ def test_file_range_reads_its_window_only(tmp_path: Path) -> None:
         body.seek(0)
         buf = bytearray(8)
         assert body.readinto(buf) == 8 and bytes(buf) == bytes(range(10, 18))
+        with pytest.raises(ValueError, match="whence"):
+            body.seek(0, 7)
 
 
 def test_s3_file_shrinking_mid_upload_fails_and_aborts(s3_store: S3Store,

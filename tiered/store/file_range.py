@@ -34,7 +34,10 @@ class FileRange(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        bases = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}
+        if whence not in bases:
+            raise ValueError(f"invalid whence ({whence}, should be 0, 1 or 2)")
+        base = bases[whence]
         self._pos = min(max(base + offset, 0), self._length)
         return self._pos
 

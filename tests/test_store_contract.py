@@ -4,6 +4,7 @@ leftovers; S3: multipart ETags, prefix isolation, the credential chain)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import multiprocessing
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 from conftest import TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
 
@@ -413,15 +415,74 @@ def test_s3_multipart_etag_and_part_size(s3_store: S3Store, tmp_path: Path) -> N
 
 def test_s3_multipart_declares_a_checksum_the_store_keeps(s3_store: S3Store,
                                                           tmp_path: Path) -> None:
-    # as s3transfer does: the upload names CRC32 at creation and each part's CRC32 goes into
-    # the completion, so the store checks every part and keeps a checksum of the object
+    # the upload names CRC-32C at creation and each part's CRC-32C (computed by tiered, not
+    # botocore) goes with the part and into the completion, so the store checks every part
+    # and keeps the object's composite checksum: the CRC-32C of the parts' CRC-32Cs
     src = tmp_path / "three-parts.log"
-    src.write_bytes(os.urandom(2 * TEST_MULTIPART_THRESHOLD + 1))
+    data = os.urandom(2 * TEST_MULTIPART_THRESHOLD + 1)
+    src.write_bytes(data)
     s3_store.put_file("seg/mp.log", src)
     got = s3_store._client.head_object(Bucket=s3_store.bucket, Key=s3_store.prefix + "seg/mp.log",
                                        ChecksumMode="ENABLED")
-    assert got.get("ChecksumCRC32")
-    assert s3_store.get("seg/mp.log") == src.read_bytes()
+    size = TEST_MULTIPART_THRESHOLD
+    parts = [data[i : i + size] for i in range(0, len(data), size)]
+    digests = b"".join(crc32c.crc32c(p).to_bytes(4, "big") for p in parts)
+    composite = base64.b64encode(crc32c.crc32c(digests).to_bytes(4, "big")).decode()
+    assert got.get("ChecksumCRC32C", "").split("-")[0] == composite
+    assert s3_store.get("seg/mp.log") == data
+
+
+def test_s3_parts_carry_tiered_crc32c_not_botocore_crc32(s3_store: S3Store,
+                                                         tmp_path: Path) -> None:
+    sent: dict[int, dict[str, Any]] = {}  # part number -> headers (parts go up concurrently)
+
+    def record(request: Any, **_: Any) -> None:
+        number = int(request.url.split("partNumber=")[1].split("&")[0])
+        sent[number] = {k.lower(): v for k, v in request.headers.items()}
+
+    s3_store._client.meta.events.register("before-send.s3.UploadPart", record)
+    try:
+        src = tmp_path / "two-parts.log"
+        data = os.urandom(TEST_MULTIPART_THRESHOLD + 7)
+        src.write_bytes(data)
+        s3_store.put_file("seg/two.log", src)
+    finally:
+        s3_store._client.meta.events.unregister("before-send.s3.UploadPart", record)
+    assert len(sent) == 2
+    for headers, part in zip((sent[1], sent[2]), (data[:TEST_MULTIPART_THRESHOLD],
+                                    data[TEST_MULTIPART_THRESHOLD:]), strict=True):
+        want = base64.b64encode(crc32c.crc32c(part).to_bytes(4, "big"))
+        assert headers["x-amz-checksum-crc32c"] in (want, want.decode())
+        assert "x-amz-checksum-crc32" not in headers
+
+
+def test_s3_single_puts_carry_crc32c_too(s3_store: S3Store, tmp_path: Path) -> None:
+    sent: list[dict[str, Any]] = []
+    s3_store._client.meta.events.register(
+        "before-send.s3.PutObject",
+        lambda request, **_: sent.append({k.lower(): v for k, v in request.headers.items()}))
+    small = tmp_path / "small.index"
+    small.write_bytes(b"index bytes")
+    s3_store.put("m/manifest.json", b"{}", if_none_match=True)
+    s3_store.put_file("seg/small.index", small)
+    want = [base64.b64encode(crc32c.crc32c(b).to_bytes(4, "big")) for b in (b"{}", b"index bytes")]
+    got = [h["x-amz-checksum-crc32c"] for h in sent]
+    assert [g if isinstance(g, bytes) else g.encode() for g in got] == want
+    assert all("x-amz-checksum-crc32" not in h for h in sent)
+
+
+def test_file_range_crc32c_covers_its_window_and_leaves_the_position(tmp_path: Path) -> None:
+    src = tmp_path / "f"
+    data = os.urandom(3 * 1024 * 1024 + 5)  # more than one checksum block
+    src.write_bytes(data)
+    with src.open("rb") as f:
+        body = FileRange(f.fileno(), 7, len(data) - 9, str(src))
+        body.read(3)
+        assert body.crc32c() == crc32c.crc32c(data[7:-2])
+        assert body.tell() == 3
+        short = FileRange(f.fileno(), len(data) - 4, 10, str(src))  # runs past the end
+        with pytest.raises(StoreError, match="changed size"):
+            short.crc32c()
 
 
 def test_file_range_reads_its_window_only(tmp_path: Path) -> None:

@@ -169,6 +169,27 @@ def test_archive_once_against_an_unreachable_store_exits_with_the_store_code(
     assert "Traceback" not in result.output
 
 
+def test_archive_once_refuses_a_store_ignoring_conditions_and_writes_nothing(
+    setup: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the probe runs beside the pass (ProbingStore); its verdict still decides the exit code,
+    # and nothing (segment, index, manifest) appears in a store it refused
+    from test_store_probe import IgnoresConditions
+
+    from tiered.store import STORES
+
+    monkeypatch.setitem(STORES, "file", IgnoresConditions)
+    config, _ = setup
+    result = CliRunner().invoke(cli, ["-q", "archive", "--once", "--config", str(config)])
+    assert result.exit_code == 5, result.output
+    assert "does not enforce conditional writes" in result.stderr
+    assert "Traceback" not in result.output
+    bucket = tmp_path / "bucket"
+    assert not bucket.exists() or not [p for p in bucket.rglob("*") if p.is_file()
+                                        and "/_tiered/" not in p.as_posix()
+                                        and "/." not in p.as_posix()]
+
+
 # --- describe-storage -----------------------------------------------------------------------
 
 

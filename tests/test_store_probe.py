@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import TEST_MULTIPART_THRESHOLD
 from faultproxy import FaultProxy
 
 from tiered.store import (
@@ -15,6 +20,7 @@ from tiered.store import (
     ConditionalWritesUnsupported,
     FileStore,
     ObjectStore,
+    ProbingStore,
     S3Store,
     StoreSettings,
     open_store,
@@ -132,3 +138,88 @@ def test_s3_opt_out_writes_without_conditions_on_such_an_endpoint(
         store.put("m/manifest.json", b"v1", if_none_match=True)
     assert store.get("m/manifest.json") == b"v1"
     assert any("only safe with exactly one writer" in r.getMessage() for r in caplog.records)
+
+
+# --- the probe beside the work (archive --once) ----------------------------------------------
+
+
+def _held_probe(verdict: BaseException | bool) -> tuple[threading.Event, Callable[..., bool]]:
+    """A probe that waits for the returned event, then passes or raises `verdict`."""
+    go = threading.Event()
+
+    def probe(store: ObjectStore) -> bool:
+        assert go.wait(10)
+        if isinstance(verdict, BaseException):
+            raise verdict
+        return verdict
+
+    return go, probe
+
+
+def test_probing_store_reads_at_once_and_holds_writes_for_the_verdict(
+    file_store: FileStore, tmp_path: Path
+) -> None:
+    file_store.put("m/manifest.json", b"v1")
+    go, probe = _held_probe(True)
+    store = ProbingStore(file_store, probe)
+    # reads need no proof: they answer while the probe is still out
+    assert store.get("m/manifest.json") == b"v1"
+    assert store.head("m/manifest.json").size == 2
+    assert [i.key for i in store.list("m/")] == ["m/manifest.json"]
+    assert store.exists("m/manifest.json")
+    etag = store.head("m/manifest.json").etag
+    src = tmp_path / "seg.log"
+    src.write_bytes(b"segment")
+    with ThreadPoolExecutor(3) as pool:
+        writes = [pool.submit(store.put, "m/manifest.json", b"v2", if_match=etag),
+                  pool.submit(store.put_file, "seg/0.log", src),
+                  pool.submit(store.delete_many, ["nothing/here"])]
+        time.sleep(0.2)
+        assert not any(w.done() for w in writes)
+        assert file_store.get("m/manifest.json") == b"v1" and not file_store.exists("seg/0.log")
+        go.set()
+        assert [type(w.result()) for w in writes] == [str, str, list]
+    assert store.verdict() is True
+    assert file_store.get("m/manifest.json") == b"v2" and file_store.get("seg/0.log") == b"segment"
+    store.close()
+
+
+def test_probing_store_failed_probe_fails_every_write_and_nothing_appears(
+    s3_store: S3Store, tmp_path: Path
+) -> None:
+    refused = ConditionalWritesUnsupported("store ignores If-Match")
+    go, probe = _held_probe(refused)
+    store = ProbingStore(s3_store, probe)
+    big = tmp_path / "big.log"
+    big.write_bytes(os.urandom(TEST_MULTIPART_THRESHOLD + 1))  # multipart: parts go up first
+    small = tmp_path / "small.index"
+    small.write_bytes(b"index")
+    with ThreadPoolExecutor(2) as pool:
+        uploads = [pool.submit(store.put_file, "seg/big.log", big),
+                   pool.submit(store.put_file, "seg/small.index", small)]
+        time.sleep(0.2)
+        go.set()
+        for upload in uploads:
+            with pytest.raises(ConditionalWritesUnsupported):
+                upload.result()
+    with pytest.raises(ConditionalWritesUnsupported):
+        store.put("m/manifest.json", b"{}", if_none_match=True)
+    with pytest.raises(ConditionalWritesUnsupported):
+        store.delete_many(["seg/big.log"])
+    with pytest.raises(ConditionalWritesUnsupported):
+        store.verdict()
+    assert list(s3_store.list()) == []
+    pending = s3_store._client.list_multipart_uploads(Bucket=s3_store.bucket)
+    assert not pending.get("Uploads")  # the big file's parts were aborted
+    store.close()
+
+
+def test_open_store_beside_probes_on_its_own_thread(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(STORES, "file", IgnoresConditions)
+    store = open_store(_settings(tmp_path), probe="beside")  # returns before the verdict
+    assert isinstance(store, ProbingStore) and isinstance(store.inner, IgnoresConditions)
+    with pytest.raises(ConditionalWritesUnsupported, match="lose updates"):
+        store.verdict()
+    store.close()
+    assert list(store.inner.list()) == []  # the probe cleaned up before close returned

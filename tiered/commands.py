@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -48,15 +48,17 @@ def _load(config_path: Path, command: str) -> Config:
 
 @contextmanager
 def _archiver(
-    config: Config, *, probe: bool, full_speed: bool = False
+    config: Config, *, probe: bool | Literal["beside"], full_speed: bool = False
 ) -> Iterator[Archiver]:
     """An Archiver on the configured store, closed (with the store) afterwards. `probe`:
-    prove conditional writes first, needed by every command that commits manifests.
+    prove conditional writes, needed by every command that commits manifests; "beside" runs
+    the proof beside the work (see `ProbingStore`) and its failure still ends the command
+    with the probe's own error and exit code, as a probe in front would.
     `full_speed`: pin the upload budget at the controller's maximum shares. The PD controller
     paces a running daemon by its backlog; a one-shot pass the operator asked for should not
     crawl at minimum shares just because the disk is roomy."""
     from archiver.service import Archiver
-    from tiered.store import open_store
+    from tiered.store import ProbingStore, open_store
 
     store = open_store(config.store_settings(), probe=probe)
     try:
@@ -69,6 +71,8 @@ def _archiver(
             yield archiver
         finally:
             archiver.close()
+            if isinstance(store, ProbingStore):
+                store.verdict()  # a failed probe is the command's error, whatever else failed
     finally:
         store.close()
 
@@ -173,7 +177,7 @@ def archive_command(config_path: Path, once: bool, as_json: bool) -> None:
     if not once:
         raise click.UsageError("archive runs one pass: add --once (the daemon is `tiered run`)")
     config = _load(config_path, "archive")
-    with _archiver(config, probe=True, full_speed=True) as archiver, _gc_for_one_pass():
+    with _archiver(config, probe="beside", full_speed=True) as archiver, _gc_for_one_pass():
         report = archiver.run_once()
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))

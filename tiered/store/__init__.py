@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import urllib.parse
+from typing import Literal
 
 from tiered.errors import ConfigError
 from tiered.store.base import ObjectInfo, ObjectStore, StoreSettings
@@ -22,6 +23,7 @@ from tiered.store.errors import (
 )
 from tiered.store.file import FileStore
 from tiered.store.probe import PROBE_PREFIX, probe_conditional_writes
+from tiered.store.probing import ProbingStore
 from tiered.store.retry import RetryPolicy, RetryStats, is_retryable
 from tiered.store.s3 import S3Store
 
@@ -35,6 +37,7 @@ __all__ = [
     "ObjectNotFound",
     "ObjectStore",
     "PreconditionFailed",
+    "ProbingStore",
     "RetryPolicy",
     "RetryStats",
     "S3Store",
@@ -160,12 +163,16 @@ def _redact(url: str) -> str:
     return f"{scheme}{sep}{netloc}{slash}{tail}"
 
 
-def open_store(settings: StoreSettings, *, probe: bool = True) -> ObjectStore:
+def open_store(settings: StoreSettings, *, probe: bool | Literal["beside"] = True) -> ObjectStore:
     """Build the backend for `settings.url`; with `probe`, first prove conditional writes work
     (see `probe_conditional_writes`; raises `ConditionalWritesUnsupported` unless the
-    single-writer opt-out is set). Spark executors pass `probe=False`: the driver probed."""
+    single-writer opt-out is set). `probe="beside"` runs the probe on its own thread instead
+    and holds every write and delete until it passed (`ProbingStore`): a one-shot pass starts
+    uploading at once. Spark executors pass `probe=False`: the driver probed."""
     scheme, _, _ = parse_store_url(settings.url)
     store = STORES[scheme](settings)
+    if probe == "beside":
+        return ProbingStore(store, probe_conditional_writes)
     if probe:
         try:
             probe_conditional_writes(store)

@@ -274,8 +274,9 @@ def upload_early(store: ObjectStore, m: PartitionManifest, key: str, cand: Uploa
     """Send a closed segment file while it is still being verified, within one concurrency
     slot; returns the bytes of it and its indexes. The store holds the object back (multipart
     parts not yet completed, a temporary file) until `verdict` resolves: then the index
-    objects go up, from this slot, and only then the segment object completes. When `verdict`
-    raises (corrupt, unreadable) the object is dropped. So a corrupt segment never appears in
+    objects go up, from this slot (on S3 while the parts are still going up), and only then
+    the segment object completes. When `verdict` raises (corrupt, unreadable) the object is
+    dropped and its parts not yet started are never sent. So a corrupt segment never appears in
     the bucket, every segment object has its indexes beside it, and a sound segment does not
     wait for its own verification before its first byte goes out. The bandwidth for the
     index files is taken here with the segment's, in one acquire: index PUTs must not queue

@@ -98,11 +98,13 @@ class ObjectStore(abc.ABC):
         """Upload a local file (multipart above the threshold, streamed, never read whole into
         memory) and return its ETag.
 
-        `ready`, when given, is called once before the object becomes visible at `key`: after
-        the bytes went up where the store can hold them back (multipart parts, a temporary
-        file), before sending them where it cannot (a single PUT). If it raises, no object
-        appears and its error propagates. The archiver uses it to send a segment while the
-        segment is still being verified and its indexes put beside it."""
+        `ready`, when given, is called once before the object becomes visible at `key`: while
+        or after the bytes go up where the store can hold them back (S3 calls it as soon as
+        the multipart parts are on their way; the file store once its temporary file is
+        written), before sending them where it cannot (a single PUT). The object appears only
+        once `ready` returned and every byte is up. If it raises, no object appears, parts not
+        yet sent are not sent, and its error propagates. The archiver uses it to send a
+        segment while the segment is still being verified and its indexes put beside it."""
 
     @abc.abstractmethod
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:

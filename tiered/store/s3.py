@@ -334,20 +334,22 @@ class S3Store(ObjectStore):
         try:
             # parts go up concurrently (a single large segment is otherwise bound by one
             # connection's throughput), each retried on its own; the first failure cancels the
-            # parts not yet started and aborts the whole upload
+            # parts not yet started and aborts the whole upload. `ready` runs here meanwhile:
+            # its work (the archiver's verdict and index PUTs) is off the object's critical
+            # path, and its refusal stops the parts not yet sent
             with self._uploading() as uploads, ThreadPoolExecutor(
                 part_workers(self.settings.multipart_concurrency, uploads, len(offsets)),
                 thread_name_prefix="tiered-part",
             ) as pool:
                 futures = [pool.submit(send, number, offset) for number, offset in offsets]
                 try:
+                    if ready is not None:
+                        ready()
                     parts = [f.result() for f in futures]
                 except BaseException:
                     for f in futures:
                         f.cancel()
                     raise
-            if ready is not None:
-                ready()
             done = self._call(
                 "complete_multipart_upload",
                 key,

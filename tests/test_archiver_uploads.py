@@ -147,8 +147,9 @@ def test_an_early_upload_pays_for_its_indexes_up_front(
 def test_a_corrupt_segment_sent_early_leaves_no_object_and_no_parts(
     tmp_path: Path, s3_store: ObjectStore
 ) -> None:
-    # multipart-sized segments: the parts of the corrupt one go up while it is verified, and
-    # the refusal aborts the upload before it completes
+    # multipart-sized segments: the parts of the corrupt one may go up while it is verified
+    # (those not yet on the wire when it fails are never sent), and the refusal aborts the
+    # upload before it completes
     config = make_config(tmp_path)
     log_dir = config.log_dirs[0]
     write_partition(log_dir, "orders", 0, batches=96, records=4, value_bytes=64 * 1024,
@@ -167,8 +168,8 @@ def test_a_corrupt_segment_sent_early_leaves_no_object_and_no_parts(
     report = archiver.upload_round()
     [row] = report.partitions
     assert row.decision == "corrupt_segment" and str(first) in (row.error or "")
-    assert len(parts) == 3  # it did go out early ...
-    assert not [o for o in s3_store.list() if o.key.endswith(".log")]  # ... and never landed
+    assert len(parts) <= 3  # all, some or none went out before the verdict ...
+    assert not [o for o in s3_store.list() if o.key.endswith(".log")]  # ... and none landed
     uploads = client.list_multipart_uploads(Bucket=s3_store.bucket)  # type: ignore[attr-defined]
     assert uploads.get("Uploads", []) == []
     assert second.exists()  # waits behind the refused one

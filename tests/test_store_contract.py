@@ -30,7 +30,6 @@ from tiered.store import (
 )
 from tiered.store.file import ETAG_DIR, LOCK_DIR, TMP_MARK
 from tiered.store.file_range import FileRange
-from tiered.store.s3 import part_workers
 
 # -- the contract, every backend -------------------------------------------------------------
 
@@ -554,7 +553,7 @@ def test_s3_ready_runs_while_the_parts_go_up_and_its_refusal_stops_the_rest(
         assert release.wait(10)
 
     s3_store._client.meta.events.register("before-parameter-build.s3.UploadPart", hold)
-    workers = part_workers(s3_store.settings.multipart_concurrency, 1, parts)
+    workers = min(s3_store.settings.multipart_concurrency, parts)  # an upload alone
     assert workers < parts
 
     def refuse() -> None:
@@ -570,24 +569,6 @@ def test_s3_ready_runs_while_the_parts_go_up_and_its_refusal_stops_the_rest(
     uploads = s3_store._client.list_multipart_uploads(Bucket=s3_store.bucket)
     assert uploads.get("Uploads", []) == []
     assert not s3_store.exists("seg/six.log")
-
-
-@pytest.mark.parametrize(
-    ("concurrency", "uploads", "parts", "expected"),
-    [
-        (4, 1, 10, 4),  # alone: all of it
-        (4, 2, 10, 2),  # two side by side share it
-        (4, 3, 10, 1),
-        (4, 16, 10, 1),  # an archiver round with a segment per partition: one part each
-        (4, 1, 2, 2),  # never more workers than parts
-        (1, 1, 10, 1),
-        (4, 0, 10, 4),  # a count that is somehow zero is one upload
-    ],
-)
-def test_part_workers_share_the_concurrency_between_uploads(
-    concurrency: int, uploads: int, parts: int, expected: int
-) -> None:
-    assert part_workers(concurrency, uploads, parts) == expected
 
 
 def test_s3_prefix_isolates_stores(moto_endpoint: str, s3_bucket: str) -> None:

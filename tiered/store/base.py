@@ -56,10 +56,11 @@ class StoreSettings:
     #: objects at or above this size are uploaded by multipart upload
     multipart_threshold: int = 64 * 1024 * 1024
     multipart_chunksize: int = 16 * 1024 * 1024
-    #: parts in flight at once for a multipart upload that has the store to itself; uploads
-    #: running side by side share it (each gets `multipart_concurrency // uploads`, at least
-    #: one), since they are already the parallelism. A file's parts are streamed from the
-    #: file (`put_file`); only `put` of a large bytes object copies one part per request
+    #: parts on the wire at once for a multipart upload that has the store to itself; with
+    #: more uploads side by side, one per upload (`PartScheduler`: one first-in-first-out
+    #: queue for the store, `max(multipart_concurrency, uploads)` parts in flight). A file's
+    #: parts are streamed from the file (`put_file`); only `put` of a large bytes object
+    #: copies one part per request
     multipart_concurrency: int = 4
     #: documented single-writer opt-out: skip the conditional-write probe on stores that ignore
     #: If-Match / If-None-Match. Only safe when exactly one writer ever touches the bucket.

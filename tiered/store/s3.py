@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import base64
 import builtins
-import contextlib
+import concurrent.futures
 import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ from tiered.store.errors import (
     StoreError,
 )
 from tiered.store.file_range import FileRange
+from tiered.store.part_scheduler import PartScheduler
 from tiered.store.retry import Retrier, RetryPolicy, RetryStats, describe, error_code
 
 log = logging.getLogger(__name__)
@@ -124,15 +124,6 @@ def map_s3_error(
     return exc
 
 
-def part_workers(concurrency: int, uploads: int, parts: int) -> int:
-    """Parts of one multipart upload to send at once when `uploads` (this one included) are
-    in flight on the store: `concurrency` for an upload alone, shared when several run side by
-    side (they are the parallelism then: an archiver round with a segment per partition would
-    otherwise hold `concurrency` times more requests than it has connections), never more
-    than there are parts and never fewer than one."""
-    return max(1, min(concurrency // max(1, uploads), parts))
-
-
 def _strip_etag(etag: object) -> str:
     return str(etag or "").strip('"')
 
@@ -171,8 +162,7 @@ class S3Store(ObjectStore):
         self.stats = self.retrier.stats
         self._conditions_rejected = False
         self._client = self._make_client(settings)
-        self._uploads = 0  # multipart uploads in flight, see `part_workers`
-        self._uploads_lock = threading.Lock()
+        self._parts = PartScheduler(settings.multipart_concurrency, settings.max_connections)
 
     @staticmethod
     def _make_client(settings: StoreSettings) -> Any:
@@ -326,29 +316,36 @@ class S3Store(ObjectStore):
         )
         upload_id = created["UploadId"]
 
+        stop = threading.Event()  # set when the upload fails: its queued parts stay unsent
+
         def send(number: int, offset: int) -> dict[str, Any]:
+            if stop.is_set():
+                raise _Stopped
             body = read_part(offset, min(part_size, total - offset))
             return self._upload_part(key, full, upload_id, number, body, checksum)
 
         offsets = list(enumerate(range(0, total, part_size), start=1))
         try:
             # parts go up concurrently (a single large segment is otherwise bound by one
-            # connection's throughput), each retried on its own; the first failure cancels the
-            # parts not yet started and aborts the whole upload. `ready` runs here meanwhile:
-            # its work (the archiver's verdict and index PUTs) is off the object's critical
-            # path, and its refusal stops the parts not yet sent
-            with self._uploading() as uploads, ThreadPoolExecutor(
-                part_workers(self.settings.multipart_concurrency, uploads, len(offsets)),
-                thread_name_prefix="tiered-part",
-            ) as pool:
-                futures = [pool.submit(send, number, offset) for number, offset in offsets]
+            # connection's throughput) through the store's one queue (`PartScheduler`), each
+            # retried on its own; the first failure stops the parts not yet sent and aborts
+            # the whole upload. `ready` runs here meanwhile: its work (the archiver's verdict
+            # and index PUTs) is off the object's critical path, and its refusal stops the
+            # parts not yet sent
+            with self._parts.upload():
+                futures = [self._parts.submit(functools.partial(send, number, offset))
+                           for number, offset in offsets]
                 try:
                     if ready is not None:
                         ready()
                     parts = [f.result() for f in futures]
                 except BaseException:
+                    stop.set()
                     for f in futures:
                         f.cancel()
+                    # parts still on the wire finish first: one completing after the abort
+                    # would leave storage behind
+                    concurrent.futures.wait(futures)
                     raise
             done = self._call(
                 "complete_multipart_upload",
@@ -364,19 +361,6 @@ class S3Store(ObjectStore):
             self._abort(key, full, upload_id)
             raise
         return _strip_etag(done.get("ETag"))
-
-    @contextlib.contextmanager
-    def _uploading(self) -> Iterator[int]:
-        """Count a multipart upload in flight for its duration; yields how many there are,
-        this one included."""
-        with self._uploads_lock:
-            self._uploads += 1
-            uploads = self._uploads
-        try:
-            yield uploads
-        finally:
-            with self._uploads_lock:
-                self._uploads -= 1
 
     def _checksum_args(self) -> dict[str, str]:
         """`ChecksumAlgorithm` for a multipart upload. With botocore's default
@@ -536,7 +520,12 @@ class S3Store(ObjectStore):
         return failed
 
     def close(self) -> None:
+        self._parts.shutdown()
         self._client.close()
+
+
+class _Stopped(Exception):
+    """A queued part of an upload that already failed: never sent."""
 
 
 def _crc32c_b64(body: bytes | FileRange) -> str:

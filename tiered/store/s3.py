@@ -303,8 +303,8 @@ class S3Store(ObjectStore):
                    read_part: Callable[[int, int], bytes | FileRange],
                    ready: Callable[[], None] | None = None) -> str:
         """Upload `total` bytes as parts read by `read_part(offset, length)`, each part retried
-        on its own; any failure, or `ready()` raising once the parts are up, aborts the upload
-        so no orphaned parts are billed and no object appears."""
+        on its own; any failure, or `ready()` raising (it runs while the parts go up), aborts
+        the upload so no orphaned parts are billed and no object appears."""
         full = self._full(key)
         part_size = self._part_size(total)
         checksum = self._checksum_args()

@@ -307,12 +307,11 @@ class S3Store(ObjectStore):
         the upload so no orphaned parts are billed and no object appears."""
         full = self._full(key)
         part_size = self._part_size(total)
-        checksum = self._checksum_args()
         created = self._call(
             "create_multipart_upload",
             key,
             lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=full,
-                                                         **checksum),
+                                                         **self._checksum_args()),
         )
         upload_id = created["UploadId"]
 
@@ -322,7 +321,7 @@ class S3Store(ObjectStore):
             if stop.is_set():
                 raise _Stopped
             body = read_part(offset, min(part_size, total - offset))
-            return self._upload_part(key, full, upload_id, number, body, checksum)
+            return self._upload_part(key, full, upload_id, number, body)
 
         offsets = list(enumerate(range(0, total, part_size), start=1))
         try:
@@ -384,11 +383,10 @@ class S3Store(ObjectStore):
         return {CHECKSUM_FIELD: _crc32c_b64(body)} if self._checksums else {}
 
     def _upload_part(self, key: str, full: str, upload_id: str, number: int,
-                     body: bytes | FileRange, checksum: dict[str, str]) -> dict[str, Any]:
-        """One part, retried on its own; returns its entry for CompleteMultipartUpload (the
-        part's checksum included when the upload declared an algorithm)."""
-
-        sums = self._checksum_of(body) if checksum else {}
+                     body: bytes | FileRange) -> dict[str, Any]:
+        """One part, retried on its own; returns its entry for CompleteMultipartUpload (with
+        the part's CRC-32C when checksums are on: the upload declared the algorithm)."""
+        sums = self._checksum_of(body)
 
         def attempt() -> Any:
             if isinstance(body, FileRange):

@@ -30,8 +30,17 @@ from archiver.bandwidth import ConcurrencyLimit, TokenBucket
 from archiver.service import Archiver
 from archiver.upload_policy import PolicyInputError
 from tiered.checkpoints import TopicPartition
+from tiered.config import Config
 from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 from tiered.store.base import ObjectStore
+
+
+def two_closed_segments(tmp_path: Path) -> tuple[Config, Path]:
+    """A config and its log dir holding partition orders-0 with 2 closed segments."""
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=9)
+    return config, log_dir
 
 
 def test_corrupt_segment_is_refused_later_ones_wait_other_partitions_go_on(
@@ -72,9 +81,7 @@ def test_a_segment_goes_up_while_it_is_verified_and_appears_after(
 ) -> None:
     # the segment's bytes go out while it is verified (no idle connection waiting for the
     # CRC walk and the index PUTs), but its object appears only after both
-    config = make_config(tmp_path)
-    log_dir = config.log_dirs[0]
-    write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
+    config, log_dir = two_closed_segments(tmp_path)
     sending = threading.Event()
 
     def watch(key: str) -> None:
@@ -106,9 +113,7 @@ def test_index_puts_of_one_partition_run_side_by_side(
 ) -> None:
     # each segment's indexes go up from its own upload slot, not one after another from the
     # partition's thread (on real S3, 8 candidates x 2 index PUTs in series is a second)
-    config = make_config(tmp_path)
-    log_dir = config.log_dirs[0]
-    write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
+    config, log_dir = two_closed_segments(tmp_path)
     together = threading.Barrier(2, timeout=10)
 
     def meet(key: str) -> None:
@@ -129,9 +134,7 @@ def test_an_early_upload_pays_for_its_indexes_up_front(
     # the segment's bandwidth may run the bucket into debt; its index PUTs (made while the
     # segment waits for them before completing) must not queue behind that debt, so the
     # segment and its indexes are paid for in one acquire
-    config = make_config(tmp_path)
-    log_dir = config.log_dirs[0]
-    write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
+    config, log_dir = two_closed_segments(tmp_path)
     archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk())
     acquired: list[int] = []
     monkeypatch.setattr(archiver.limiter, "acquire", acquired.append)
@@ -213,9 +216,7 @@ def test_a_segment_gone_before_verification_stops_the_round_there(
 def test_failed_uploads_are_retried_and_never_recorded(
     tmp_path: Path, proxied_s3_store: Callable[..., ObjectStore], fault_proxy: FaultProxy
 ) -> None:
-    config = make_config(tmp_path)
-    log_dir = config.log_dirs[0]
-    write_partition(log_dir, "orders", 0, batches=9)  # 2 closed segments
+    config, log_dir = two_closed_segments(tmp_path)
     store = proxied_s3_store()
     archiver = Archiver(config, store, clock=Clock(), disk_usage=Disk(), max_upload_concurrency=1)
     # transient faults heal within the store's retries: the segment still goes up once

@@ -50,7 +50,7 @@ from manifests.model import SegmentMeta, SegmentTable
 from manifests.serde import decode_partition_manifest, encode_partition_manifest
 from manifests.spillover import ManifestSettings
 from tiered.store import FileStore, S3Store, StoreSettings
-from tiered.store.base import ObjectInfo, ObjectStore
+from tiered.store.base import Blob, ObjectInfo, ObjectStore
 
 TOPIC, PARTITION, REVISION = "orders", 0, "VlW-VOROSYi0AhRbbvnJ5g"
 T0_MS = 1_700_000_000_000
@@ -77,7 +77,7 @@ class CountingStore(ObjectStore):
         self.calls["put"] += 1
         return self.inner.put_file(key, path, ready=ready)
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         self.calls["get"] += 1
         return self.inner.get(key, byte_range)
 

@@ -48,7 +48,7 @@ from tiered.reader import Reader
 from tiered.records import Record, encode_batch
 from tiered.segment import Segment
 from tiered.store import S3Store
-from tiered.store.base import ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 
 TOPIC = "bench"
 BUCKET = "remote-read-bench"
@@ -66,7 +66,7 @@ class CountingStore(ObjectStore):
         self.metadata_bytes = 0
         self.requests = 0
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         data = self.inner.get(key, byte_range)
         self.requests += 1
         if key.endswith(".log"):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from manifests.model import SegmentMeta
-from tiered.store.base import ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 from tiered.store.errors import ObjectNotFound, PreconditionFailed
 
 
@@ -54,13 +54,13 @@ class MemoryStore(ObjectStore):
             ready()
         return self.put(key, data)
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         self.calls["get"] += 1
         with self._lock:
             if key not in self.objects:
                 raise ObjectNotFound(key)
-            data = self.objects[key][0]
-        return data if byte_range is None else data[byte_range[0] : byte_range[1]]
+            data, etag, _ = self.objects[key]
+        return Blob(data if byte_range is None else data[byte_range[0] : byte_range[1]], etag)
 
     def head(self, key: str) -> ObjectInfo:
         self.calls["head"] += 1

@@ -38,7 +38,7 @@ from tiered.local_log import LocalLog
 from tiered.reader import Reader
 from tiered.records import BatchHeader, iter_batch_headers, iter_batches
 from tiered.store import open_store
-from tiered.store.base import ObjectInfo, ObjectStore
+from tiered.store.base import Blob, ObjectInfo, ObjectStore
 from tiered.store.errors import StoreError
 
 # --- the archived sample topic ----------------------------------------------------------------
@@ -359,7 +359,7 @@ class FlakyStore(ObjectStore):
         self._check("PUT", key)
         return self.inner.put_file(key, path, ready=ready)
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         self._check("GET", key)
         return self.inner.get(key, byte_range)
 

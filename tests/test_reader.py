@@ -35,7 +35,7 @@ from tiered.log_writer import LogWriter, ProducerRecord
 from tiered.reader import InvalidRequest, Reader, RemoteReadDisabled, UnknownPartition
 from tiered.records import Header, iter_batch_headers, iter_batches
 from tiered.store import FileStore, StoreSettings
-from tiered.store.base import ObjectInfo, ObjectStore
+from tiered.store.base import Blob, ObjectInfo, ObjectStore
 
 TOPIC = "orders"
 #: record timestamps: T0_MS + 7 ms per offset (strictly increasing)
@@ -182,7 +182,7 @@ class CountingStore(ObjectStore):
         self._count("put")
         return self.inner.put_file(key, path, ready=ready)
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         self._count("get")
         data = self.inner.get(key, byte_range)
         self.bytes_read += len(data)

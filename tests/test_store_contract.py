@@ -76,6 +76,20 @@ def test_ranged_get(store: ObjectStore) -> None:
         store.get("r", (-1, 2))
 
 
+def test_get_returns_the_etag_of_the_version_it_read(store: ObjectStore) -> None:
+    first = store.put("v", b"first version")
+    got = store.get("v")
+    assert got == b"first version" and got.etag == first == store.head("v").etag
+    second = store.put("v", b"second", if_match=first)
+    assert store.get("v").etag == second
+    # a range carries the whole object's ETag, so a reader can tell versions apart
+    assert store.get("v", (0, 3)).etag == second
+    assert store.get("v", (3, 3)).etag == second
+    assert store.get("v", (50, 60)).etag == second
+    # and pickles as itself (Spark ships results between processes)
+    assert pickle.loads(pickle.dumps(got)).etag == first
+
+
 def test_missing_key_is_object_not_found(store: ObjectStore) -> None:
     with pytest.raises(ObjectNotFound, match="no/such/key"):
         store.get("no/such/key")

@@ -13,7 +13,7 @@ import urllib.parse
 from typing import Literal
 
 from tiered.errors import ConfigError
-from tiered.store.base import ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 from tiered.store.errors import (
     AccessDenied,
     ConditionalWritesUnsupported,
@@ -31,6 +31,7 @@ __all__ = [
     "STORES",
     "PROBE_PREFIX",
     "AccessDenied",
+    "Blob",
     "ConditionalWritesUnsupported",
     "FileStore",
     "ObjectInfo",

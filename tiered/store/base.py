@@ -31,6 +31,24 @@ class ObjectInfo:
     last_modified: float
 
 
+class Blob(bytes):
+    """An object's bytes with the version token they belong to.
+
+    `get` returns one: S3 sends the ETag with the body, so a compare-and-swap can read bytes
+    and version in one request instead of a HEAD/GET pair that can tear under a concurrent
+    write. It is `bytes` in every other respect."""
+
+    etag: str
+
+    def __new__(cls, data: bytes, etag: str) -> Blob:
+        blob = super().__new__(cls, data)
+        blob.etag = etag
+        return blob
+
+    def __reduce__(self) -> tuple[type[Blob], tuple[bytes, str]]:
+        return (Blob, (bytes(self), self.etag))
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     """Everything needed to open a store, and nothing that cannot be pickled: Spark executors
@@ -108,8 +126,9 @@ class ObjectStore(abc.ABC):
         segment while the segment is still being verified and its indexes put beside it."""
 
     @abc.abstractmethod
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
-        """Read an object, or the bytes `[begin_inclusive, end_exclusive)` of it.
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+        """Read an object, or the bytes `[begin_inclusive, end_exclusive)` of it, with the
+        ETag of the version read (`Blob.etag`, the whole object's even for a range).
 
         Raises `ObjectNotFound`. A range past the end returns what exists (possibly b"")."""
 

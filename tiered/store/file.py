@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from tiered.errors import ConfigError
-from tiered.store.base import ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 from tiered.store.errors import AccessDenied, ObjectNotFound, PreconditionFailed, StoreError
 
 log = logging.getLogger(__name__)
@@ -368,7 +368,7 @@ class FileStore(ObjectStore):
 
     # -- reads -----------------------------------------------------------------------------
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         dest = self._check(key)
         if byte_range is not None:
             begin, end = byte_range
@@ -376,13 +376,31 @@ class FileStore(ObjectStore):
                 raise ValueError(f"get {self._where(key)}: bad byte range [{begin}, {end})")
         try:
             with open(dest, "rb") as f:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
                     raise FileNotFoundError(errno.ENOENT, "not an object", dest)
                 if byte_range is None:
-                    return f.read()
-                return os.pread(f.fileno(), end - begin, begin)
+                    # the open file is one version (writers replace by rename), so the MD5
+                    # of what was read is that version's ETag
+                    data = f.read()
+                    return Blob(data, hashlib.md5(data, usedforsecurity=False).hexdigest())
+                part = os.pread(f.fileno(), end - begin, begin)
+                return Blob(part, self._etag_of_open(f, st, key))
         except OSError as exc:
             raise self._os_error("get", key, exc, reading=True) from exc
+
+    def _etag_of_open(self, f: IO[bytes], st: os.stat_result, key: str) -> str:
+        """The ETag of the version `f` has open: the sidecar's when it pins this very file,
+        else the MD5 of the open file's bytes."""
+        side = self._read_sidecar(key)
+        if side is not None and side[1] == _Identity.of(st):
+            return side[0]
+        digest = hashlib.md5(usedforsecurity=False)
+        offset = 0
+        while chunk := os.pread(f.fileno(), COPY_CHUNK, offset):
+            digest.update(chunk)
+            offset += len(chunk)
+        return digest.hexdigest()
 
     def head(self, key: str) -> ObjectInfo:
         dest = self._check(key)

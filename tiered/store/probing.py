@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
-from tiered.store.base import ObjectInfo, ObjectStore
+from tiered.store.base import Blob, ObjectInfo, ObjectStore
 
 
 class ProbingStore(ObjectStore):
@@ -59,7 +59,7 @@ class ProbingStore(ObjectStore):
 
         return self.inner.put_file(key, path, ready=proven_then_ready)
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         return self.inner.get(key, byte_range)
 
     def head(self, key: str) -> ObjectInfo:

@@ -25,7 +25,7 @@ import botocore.exceptions
 import crc32c
 
 from tiered.errors import ConfigError
-from tiered.store.base import ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 from tiered.store.errors import (
     AccessDenied,
     ConditionalWritesUnsupported,
@@ -414,30 +414,30 @@ class S3Store(ObjectStore):
 
     # -- reads -----------------------------------------------------------------------------
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         full = self._full(key)
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full}
         if byte_range is not None:
             begin, end = byte_range
             if begin < 0 or end < begin:
                 raise ValueError(f"get {self._where(key)}: bad byte range [{begin}, {end})")
-            if end == begin:
-                self.head(key)  # an empty range still tells a missing key apart
-                return b""
+            if end == begin:  # an empty range still tells a missing key apart
+                return Blob(b"", self.head(key).etag)
             kwargs["Range"] = f"bytes={begin}-{end - 1}"
 
-        def fetch() -> bytes:
+        def fetch() -> Blob:
             try:
                 resp = self._client.get_object(**kwargs)
             except botocore.exceptions.ClientError as exc:
                 code, status = error_code(exc)
                 if byte_range is not None and (code == "InvalidRange" or status == 416):
-                    return b""  # the range starts at or past the end
+                    # the range starts at or past the end
+                    return Blob(b"", self.head(key).etag)
                 raise
             body = resp["Body"]
             try:
                 # StreamingBody.read checks Content-Length and raises IncompleteReadError
-                return bytes(body.read())
+                return Blob(body.read(), _strip_etag(resp.get("ETag")))
             finally:
                 body.close()
 

@@ -18,10 +18,11 @@ time per term (the archiver's job), other writers are fenced or lose the CAS.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple, NoReturn
 
@@ -29,12 +30,13 @@ import crc32c
 
 from manifests import keys, ops
 from manifests.archive_cache import ArchiveCache
+from manifests.cas import retry_conflicts
 from manifests.errors import (
     ArchiveKeyCollision,
     CorruptManifest,
     InvalidUpdate,
     ManifestConflict,
-    ManifestError,
+    ManifestContention,
     StaleTerm,
 )
 from manifests.manifest import ArchivedManifest, PartitionManifest, manifest_problem
@@ -48,8 +50,8 @@ from manifests.spillover import ArchiveUpload, ManifestSettings, plan_spill
 from tiered.store.base import ObjectInfo, ObjectStore
 from tiered.store.errors import ObjectNotFound, PreconditionFailed
 
-#: attempts at reading one consistent (bytes, ETag) pair of a head being rewritten meanwhile
-READ_ATTEMPTS = 5
+#: how long `update` keeps re-applying a change that loses its commit race, seconds
+UPDATE_DEADLINE_S = 30.0
 #: (key, ETag) -> (term, sequence) of versions this process read or wrote: the fencing
 #: pre-check and the next sequence number come from the version actually replaced
 KNOWN_VERSIONS = 4096
@@ -77,6 +79,21 @@ class CommitResult:
     etag: str
     #: archived manifests uploaded for this commit, in upload order
     archived_keys: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Updated:
+    """What `ManifestStore.update` left in the bucket."""
+
+    #: the head as stored now: the committed one, or the fresh one the change left alone
+    manifest: PartitionManifest
+    #: its version token; None when the partition has no head and nothing was written
+    etag: str | None
+    #: whether this call committed a new version
+    committed: bool
+    #: commit attempts made (1 when the first one won its race)
+    attempts: int = 1
+    archived_keys: tuple[str, ...] = ()
 
 
 class ArchivedObject(NamedTuple):
@@ -118,36 +135,22 @@ class ManifestStore:
         return got
 
     def _read_head(self, key: str) -> tuple[PartitionManifest, str] | None:
-        """One consistent (manifest, ETag): the ETag is proven to belong to the bytes, either
-        because it is their MD5 (S3 single-part, the file store) or because it did not change
-        across the read (every commit changes the bytes: `sequence` grows, so no ABA)."""
-        for _ in range(READ_ATTEMPTS):
-            self.stats.head_reads += 1
-            try:
-                info = self.store.head(key)
-            except ObjectNotFound:
-                return None
-            try:
-                data = self.store.get(key)
-            except ObjectNotFound:
-                continue  # deleted since the HEAD; look again
-            etag = info.etag
-            if hashlib.md5(data, usedforsecurity=False).hexdigest() != etag:
-                try:
-                    if self.store.head(key).etag != etag:
-                        continue
-                except ObjectNotFound:
-                    continue
-            m = decode_partition_manifest(data, key=key)
-            if m.key != key:
-                raise CorruptManifest(
-                    f"describes {m.topic}/{m.partition} revision {m.revision}, not this key's "
-                    "partition",
-                    key=key,
-                )
-            self._remember(key, etag, m)
-            return m, etag
-        raise ManifestError(f"{key}: the manifest kept changing while being read; try again")
+        """One consistent (manifest, ETag) in one GET: the store returns the version token of
+        the very bytes it sent, so a concurrent commit cannot tear the pair."""
+        self.stats.head_reads += 1
+        try:
+            data = self.store.get(key)
+        except ObjectNotFound:
+            return None
+        m = decode_partition_manifest(data, key=key)
+        if m.key != key:
+            raise CorruptManifest(
+                f"describes {m.topic}/{m.partition} revision {m.revision}, not this key's "
+                "partition",
+                key=key,
+            )
+        self._remember(key, data.etag, m)
+        return m, data.etag
 
     def _remember(self, key: str, etag: str, m: PartitionManifest) -> None:
         with self._lock:
@@ -215,6 +218,51 @@ class ManifestStore:
         for upload in plan.uploads:
             self.cache.put(upload.key, upload.manifest)
         return CommitResult(new, etag, tuple(u.key for u in plan.uploads))
+
+    def update(
+        self,
+        topic: str,
+        partition: int,
+        revision: str | int,
+        change: Callable[[PartitionManifest], PartitionManifest | None],
+        *,
+        start: tuple[PartitionManifest, str | None] | None = None,
+        deadline_s: float = UPDATE_DEADLINE_S,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Updated:
+        """Load the head, apply `change` (pure: it sees the current manifest, returns the new
+        one, or None / the same manifest for "nothing to do") and commit it by compare-and-
+        swap; on a lost race re-read and re-apply, with jittered backoff, until `deadline_s`.
+
+        `start` is a (manifest, ETag) the caller believes current, tried first to save a read;
+        a lost race replaces it with the bucket's. Raises `StaleTerm` when a newer term owns
+        the partition, `ManifestContention` when races were still being lost at the deadline,
+        `InvalidUpdate` (or whatever else `change` raises) at once, and `CorruptManifest` /
+        store errors from the reads."""
+        pending = [start] if start is not None else []
+        tries = 0
+
+        def attempt() -> Updated:
+            nonlocal tries
+            tries += 1
+            m, etag = pending.pop() if pending else self.load(topic, partition, revision)
+            new = change(m)
+            if new is None or new == m:
+                return Updated(m, etag, committed=False)
+            try:
+                result = self.commit(new, etag)
+            except ManifestConflict as conflict:
+                if conflict.current is not None and conflict.etag is not None:
+                    pending.append((conflict.current, conflict.etag))  # the fresh read
+                raise
+            return Updated(result.manifest, result.etag, True, archived_keys=result.archived_keys)
+
+        try:
+            done = retry_conflicts(attempt, conflict=ManifestConflict,
+                                      deadline_s=deadline_s, sleep=sleep)
+        except ManifestConflict as last:
+            raise ManifestContention(last, tries, deadline_s) from None
+        return dataclasses.replace(done, attempts=tries)
 
     def _upload_archive(self, upload: ArchiveUpload) -> None:
         self.stats.archive_uploads += 1

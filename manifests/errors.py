@@ -98,6 +98,20 @@ class ManifestConflict(ManifestError):
         super().__init__(f"{key}: lost a commit race; the stored manifest {state}")
 
 
+class ManifestContention(ManifestConflict):
+    """Commits kept losing their race until the caller's deadline passed: other writers are
+    changing the manifest faster than this one can re-apply its change. Nothing was written;
+    try again later."""
+
+    def __init__(self, conflict: ManifestConflict, attempts: int, deadline_s: float) -> None:
+        super().__init__(conflict.key, conflict.current, conflict.etag)
+        self.attempts = attempts
+        self.args = (
+            f"{conflict.key}: lost the commit race {attempts} times within {deadline_s:g} s; "
+            "other writers keep changing the manifest",
+        )
+
+
 class StaleTerm(ManifestError):
     """The stored manifest was written by a newer term: this writer has been fenced off and
     must stop writing the partition (its leadership moved on)."""

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from manifests import keys
+from manifests.cas import retry_conflicts
 from manifests.errors import CorruptManifest, InvalidName, InvalidUpdate, ManifestError
 from manifests.model import FORMAT_VERSION
 from manifests.serde import load_document
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 
 KIND_TOPIC = "topic"
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
-#: optimistic-concurrency attempts when two processes save the same topic manifest at once
-SAVE_ATTEMPTS = 5
+#: how long two processes saving the same topic manifest at once keep retrying, seconds
+SAVE_DEADLINE_S = 30.0
 
 _FIELDS = (
     "version",
@@ -168,10 +169,10 @@ def decode_topic_manifest(data: bytes, *, key: str | None = None) -> TopicManife
 
 def _read(store: ObjectStore, key: str) -> tuple[bytes, str] | None:
     try:
-        info = store.head(key)
-        return store.get(key), info.etag
+        data = store.get(key)  # bytes and their ETag in one response
     except ObjectNotFound:
         return None
+    return data, data.etag
 
 
 def load_topic_manifest(
@@ -193,17 +194,20 @@ def save_topic_manifest(store: ObjectStore, manifest: TopicManifest) -> str:
     read, so a concurrent save is never torn or silently lost in between). Returns the ETag;
     an identical stored manifest is left alone."""
     key, data = manifest.key, encode_topic_manifest(manifest)
-    for _ in range(SAVE_ATTEMPTS):
+
+    def attempt() -> str:
         got = _read(store, key)
-        try:
-            if got is None:
-                return store.put(key, data, if_none_match=True)
-            if got[0] == data:
-                return got[1]
-            return store.put(key, data, if_match=got[1])
-        except PreconditionFailed:
-            continue
-    raise ManifestError(f"{key}: topic manifest kept changing while being saved; try again")
+        if got is None:
+            return store.put(key, data, if_none_match=True)
+        if got[0] == data:
+            return got[1]
+        return store.put(key, data, if_match=got[1])
+
+    try:
+        return retry_conflicts(attempt, conflict=PreconditionFailed, deadline_s=SAVE_DEADLINE_S)
+    except PreconditionFailed:
+        raise ManifestError(
+            f"{key}: topic manifest kept changing while being saved; try again") from None
 
 
 def iter_topic_manifest_keys(store: ObjectStore) -> Iterator[tuple[str, str, str]]:

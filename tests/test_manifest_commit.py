@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 
 import pytest
 from manifest_fakes import MemoryStore, run_of, segment
@@ -19,6 +20,7 @@ from manifests.errors import (
     CorruptManifest,
     InvalidUpdate,
     ManifestConflict,
+    ManifestContention,
     StaleTerm,
     UnsupportedManifestVersion,
 )
@@ -104,6 +106,85 @@ def test_two_concurrent_writers_lose_no_update(store: ObjectStore) -> None:
     assert sorted(names) == sorted(f"w{i}-{n}.log" for i in range(2) for n in range(per_writer))
     assert final.sequence == 2 * per_writer
     assert [s.base_offset for s in final.segments] == list(range(0, 10 * 2 * per_writer, 10))
+
+
+def append_one(name: str) -> Callable[[PartitionManifest], PartitionManifest]:
+    """A change that appends one 10-offset segment called `name` at the manifest's end."""
+
+    def change(m: PartitionManifest) -> PartitionManifest:
+        return ops.add_segments(ops.with_term(m, 1), [segment(m.next_offset, 10, name=name)])
+
+    return change
+
+
+def test_update_loses_no_change_among_four_racing_writers(store: ObjectStore) -> None:
+    """`update` is the load-modify-CAS helper every writer uses: under contention each change is
+    re-applied to what the winner wrote, so every one of them lands exactly once."""
+    per_writer, writers = 8, 4
+    errors: list[BaseException] = []
+
+    def writer(index: int) -> None:
+        ms = ManifestStore(store)
+        try:
+            for n in range(per_writer):
+                done = ms.update(TOPIC, PARTITION, REVISION, append_one(f"w{index}-{n}.log"))
+                assert done.committed
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    final, _ = load(ManifestStore(store))
+    assert sorted(s.name for s in final.segments) == sorted(
+        f"w{i}-{n}.log" for i in range(writers) for n in range(per_writer))
+    assert final.sequence == writers * per_writer
+
+
+def test_update_starts_from_a_stale_copy_and_reapplies_on_the_fresh_head(
+    store: ObjectStore,
+) -> None:
+    ms = ManifestStore(store)
+    first = ms.update(TOPIC, PARTITION, REVISION, append_one("a.log"))
+    other = ManifestStore(store).update(TOPIC, PARTITION, REVISION, append_one("b.log"))
+    assert other.committed
+    done = ms.update(TOPIC, PARTITION, REVISION, append_one("c.log"),
+                     start=(first.manifest, first.etag))
+    assert done.committed and done.attempts == 2
+    assert [s.name for s in done.manifest.segments] == ["a.log", "b.log", "c.log"]
+
+
+def test_update_without_a_change_writes_nothing(store: ObjectStore) -> None:
+    ms = ManifestStore(store)
+    nothing = ms.update(TOPIC, PARTITION, REVISION, lambda m: None)
+    assert (nothing.committed, nothing.etag) == (False, None)
+    ms.update(TOPIC, PARTITION, REVISION, append_one("a.log"))
+    same = ms.update(TOPIC, PARTITION, REVISION, lambda m: m)
+    assert not same.committed and same.etag == store.head(same.manifest.key).etag
+
+
+def test_update_gives_up_at_its_deadline_with_manifest_contention(store: ObjectStore) -> None:
+    ms, racer = ManifestStore(store), ManifestStore(store)
+    ms.update(TOPIC, PARTITION, REVISION, append_one("seed.log"))
+    count = [0]
+
+    def change_while_racer_wins(m: PartitionManifest) -> PartitionManifest:
+        count[0] += 1
+        racer.update(TOPIC, PARTITION, REVISION, append_one(f"r{count[0]}.log"))
+        return ops.add_segments(ops.with_term(m, 1), [segment(m.next_offset, 10, name="x.log")])
+
+    waits: list[float] = []
+    with pytest.raises(ManifestContention, match="lost the commit race") as info:
+        ms.update(TOPIC, PARTITION, REVISION, change_while_racer_wins, deadline_s=0.5,
+                  sleep=waits.append)
+    assert isinstance(info.value, ManifestConflict)  # callers that catch conflicts still do
+    assert info.value.attempts == count[0] >= 2
+    assert waits and all(0 <= w <= 1.0 for w in waits)  # jittered, bounded backoff
+    final, _ = load(ms)
+    assert "x.log" not in [s.name for s in final.segments]
 
 
 def test_stale_term_is_fenced_after_a_new_leader_commits(store: ObjectStore) -> None:

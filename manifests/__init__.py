@@ -6,6 +6,7 @@ from manifests.archive_cache import ArchiveCache, CacheStats
 from manifests.commit import ArchivedObject, CommitResult, ManifestStore, ManifestStoreStats
 from manifests.errors import (
     ArchiveKeyCollision,
+    CollectedName,
     CorruptManifest,
     InvalidName,
     InvalidTopicName,
@@ -21,6 +22,7 @@ from manifests.errors import (
 from manifests.manifest import ArchivedManifest, PartitionManifest, manifest_problem
 from manifests.model import (
     FORMAT_VERSION,
+    HEAD_FORMAT_VERSION,
     ArchiveEntry,
     ArchiveTable,
     ReplacedSegment,
@@ -45,9 +47,11 @@ from manifests.topic import (
 
 __all__ = [
     "FORMAT_VERSION",
+    "HEAD_FORMAT_VERSION",
     "ArchiveCache",
     "ArchiveEntry",
     "ArchiveKeyCollision",
+    "CollectedName",
     "ArchiveTable",
     "ArchivedManifest",
     "ArchivedObject",

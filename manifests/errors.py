@@ -85,6 +85,19 @@ class OffsetOverlap(InvalidUpdate):
         )
 
 
+class CollectedName(InvalidUpdate):
+    """A change would newly reference an object that garbage collection may have deleted (it
+    is no younger than the manifest's `gc_cutoff_ms`): upload it again under a fresh name."""
+
+    def __init__(self, name: str, uploaded_at_ms: int | None, cutoff_ms: int, where: str) -> None:
+        self.name = name
+        age = "of unknown age" if uploaded_at_ms is None else f"last modified at {uploaded_at_ms}"
+        super().__init__(
+            f"{where}: object {name} ({age} ms) is not younger than the garbage-collection "
+            f"cutoff {cutoff_ms} ms; it may be deleted, so it is not referenced"
+        )
+
+
 class ManifestConflict(ManifestError):
     """A compare-and-swap commit lost a race: the stored head manifest changed since it was
     read. `current`/`etag` are the freshly re-read manifest and its version, so the caller can

@@ -180,6 +180,17 @@ def index_name(segment_object_name: str, kind: str = "index") -> str:
     return validate_object_name(stem + suffix)
 
 
+def segment_name_of(object_name: str) -> str | None:
+    """The segment object name an object name belongs to: itself for a `.log`, the segment
+    beside which an index travels for an index name, None for anything else."""
+    if object_name.endswith(SEGMENT_SUFFIX):
+        return object_name
+    for suffix in INDEX_SUFFIXES.values():
+        if object_name.endswith(suffix):
+            return object_name.removesuffix(suffix) + SEGMENT_SUFFIX
+    return None
+
+
 def object_key(topic: str, partition: int, revision: str | int, name: str) -> str:
     """The key of the data object `name` (a segment or index) of one partition."""
     return partition_data_prefix(topic, partition, revision) + validate_object_name(name)

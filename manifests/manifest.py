@@ -57,6 +57,11 @@ class PartitionManifest:
     #: dropped segments awaiting deletion after the grace period
     replaced: tuple[ReplacedSegment, ...] = ()
     archives: ArchiveTable = field(default_factory=ArchiveTable.empty)
+    #: garbage collection's high-water mark, ms since the epoch on the store's clock (whole
+    #: seconds): an object last modified at or before it may be deleted by a collector that
+    #: found it unreferenced, so no writer may newly reference such an object (only grows;
+    #: docs/format.md, "Garbage collection")
+    gc_cutoff_ms: int = 0
 
     @classmethod
     def new(

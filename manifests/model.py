@@ -21,8 +21,11 @@ from typing import ClassVar, Generic, TypeVar
 
 from manifests import keys
 
-#: the JSON format version this code writes and the newest it reads
+#: the JSON format version of archived and topic manifests this code writes and reads
 FORMAT_VERSION = 1
+#: the newest head-manifest format: version 2 adds `gc_cutoff_ms`; a head whose cutoff is
+#: still 0 is written as version 1, byte for byte what older releases wrote
+HEAD_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from manifests.errors import InvalidUpdate, OffsetGap, OffsetOverlap, StaleTerm
+from manifests import keys
+from manifests.errors import CollectedName, InvalidUpdate, OffsetGap, OffsetOverlap, StaleTerm
 from manifests.manifest import ArchivedManifest, PartitionManifest, segment_problem
 from manifests.model import ArchiveEntry, ArchiveTable, ReplacedSegment, SegmentMeta, SegmentTable
 from tiered.errors import OffsetOutOfRange
@@ -56,6 +57,9 @@ def add_segments(m: PartitionManifest, segments: Iterable[SegmentMeta]) -> Parti
                 raise OffsetGap(expected, seg.base_offset, where)
             if seg.base_offset < expected:
                 raise OffsetOverlap(expected, seg.base_offset, where)
+        if not is_append_name(seg.object_name):
+            # only default names are safe from garbage collection while in flight
+            check_not_collected(m, seg.object_name, None)
         if seg.object_name in taken:
             raise InvalidUpdate(
                 f"{where}: object name {seg.object_name} is already used by this partition; "
@@ -80,12 +84,40 @@ def add_segments(m: PartitionManifest, segments: Iterable[SegmentMeta]) -> Parti
     )
 
 
+def is_append_name(name: str) -> bool:
+    """Whether `name` is the default name of an appended segment (`{base}-{last}-{term}.log`,
+    generation 0) or of an index beside one. Garbage collection may delete such an object
+    once it is unreferenced and below the head's next offset (or of a fenced term), because
+    `add_segments` can never take it again; every other name is a replacement's, protected
+    by `gc_cutoff_ms` instead (docs/format.md, "Garbage collection")."""
+    parsed = keys.parse_segment_name(keys.segment_name_of(name) or "")
+    return parsed is not None and parsed.generation == 0
+
+
+def check_not_collected(m: PartitionManifest, name: str, uploaded_at_ms: int | None) -> None:
+    """Refuse to newly reference object `name` last modified at `uploaded_at_ms` (store clock,
+    None: unknown) when garbage collection may already have condemned it: a collector deletes
+    unreferenced objects no newer than the cutoff it committed, so only a younger object is
+    safe to name (`CollectedName`; upload the bytes again under a fresh name)."""
+    if m.gc_cutoff_ms and (uploaded_at_ms is None or uploaded_at_ms <= m.gc_cutoff_ms):
+        raise CollectedName(name, uploaded_at_ms, m.gc_cutoff_ms, _where(m))
+
+
+def raise_gc_cutoff(m: PartitionManifest, cutoff_ms: int) -> PartitionManifest:
+    """The manifest with garbage collection's cutoff moved up to `cutoff_ms` (never down)."""
+    return m if cutoff_ms <= m.gc_cutoff_ms else m.evolve(gc_cutoff_ms=cutoff_ms)
+
+
 def replace_segments(
-    m: PartitionManifest, merged: SegmentMeta, *, now_ms: int
+    m: PartitionManifest, merged: SegmentMeta, *, now_ms: int, uploaded_at_ms: int | None = None
 ) -> PartitionManifest:
     """Replace the run of head segments exactly spanning `merged`'s offsets by `merged` (an
     adjacent-segment merge, or a compacted re-upload of one segment). The old segments move
-    to `replaced`, stamped `now_ms`, for deletion after the grace period."""
+    to `replaced`, stamped `now_ms`, for deletion after the grace period.
+
+    `merged` must carry a replacement's name (not an appended segment's default one) and its
+    object must be younger than the manifest's `gc_cutoff_ms` (`uploaded_at_ms`, the store's
+    last-modified time): see `check_not_collected`."""
     where = _where(m)
     problem = segment_problem(merged, m.term)
     if problem:
@@ -117,6 +149,12 @@ def replace_segments(
         )
     if merged.object_name in _taken_names(m):
         raise InvalidUpdate(f"{where}: object name {merged.object_name} is already in use")
+    if is_append_name(merged.object_name):
+        raise InvalidUpdate(
+            f"{where}: merged object {merged.object_name} has an appended segment's default "
+            "name; a replacement needs a generation (keys.segment_name(..., generation=N))"
+        )
+    check_not_collected(m, merged.object_name, uploaded_at_ms)
     new_segs = (
         segs.slice(0, first).concat(SegmentTable.from_rows([merged])).concat(segs.slice(last + 1))
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from itertools import accumulate, chain
 from operator import add, sub
 from typing import Any
@@ -29,6 +29,7 @@ from manifests.manifest import (
 )
 from manifests.model import (
     FORMAT_VERSION,
+    HEAD_FORMAT_VERSION,
     ArchiveTable,
     ReplacedSegment,
     SegmentTable,
@@ -146,9 +147,10 @@ def encode_partition_manifest(m: PartitionManifest) -> bytes:
         SegmentTable.from_rows(r.segment for r in m.replaced), contiguous=False
     )
     replaced["replaced_at"] = [r.replaced_at for r in m.replaced]
+    cutoff = {"gc_cutoff_ms": m.gc_cutoff_ms} if m.gc_cutoff_ms else {}
     return _dumps(
         {
-            "version": FORMAT_VERSION,
+            "version": HEAD_FORMAT_VERSION if cutoff else 1,
             "kind": KIND_PARTITION,
             "topic": m.topic,
             "partition": m.partition,
@@ -163,6 +165,7 @@ def encode_partition_manifest(m: PartitionManifest) -> bytes:
             "segments": _encode_segments(m.segments),
             "replaced": replaced,
             "archives": _encode_archives(m.archives),
+            **cutoff,
         }
     )
 
@@ -224,10 +227,18 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def load_document(
-    data: bytes, key: str | None, kind: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()
+    data: bytes,
+    key: str | None,
+    kind: str,
+    fields: tuple[str, ...],
+    optional: tuple[str, ...] = (),
+    *,
+    newest: int = FORMAT_VERSION,
+    added: Mapping[int, tuple[str, ...]] | None = None,
 ) -> dict[str, Any]:
-    """Parse, then check the version first: a newer format is refused before its fields are
-    interpreted. `fields` are required, `optional` may appear."""
+    """Parse, then check the version first: a newer format than `newest` is refused before its
+    fields are interpreted. `fields` are required, `optional` may appear, and `added[v]` are
+    required from version `v` on (and unknown before it)."""
     try:
         text = bytes(data).decode("utf-8")
         doc = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
@@ -238,12 +249,15 @@ def load_document(
     version = doc.get("version")
     if type(version) is not int or version < 1:
         raise CorruptManifest(f"missing or invalid format version {version!r}", key=key)
-    if version > FORMAT_VERSION:
-        raise UnsupportedManifestVersion(version, FORMAT_VERSION, key=key)
+    if version > newest:
+        raise UnsupportedManifestVersion(version, newest, key=key)
     if doc.get("kind") != kind:
         raise CorruptManifest(
             f"expected a {kind!r} manifest, got kind {doc.get('kind')!r}", key=key
         )
+    fields = fields + tuple(
+        name for since, names in sorted((added or {}).items()) if version >= since
+        for name in names)
     missing = [f for f in fields if f not in doc]
     unknown = sorted(set(doc) - set(fields) - set(optional))
     if missing or unknown:
@@ -376,7 +390,8 @@ def _guarded(key: str | None, parse: Callable[[], Any]) -> Any:
 
 def decode_partition_manifest(data: bytes, *, key: str | None = None) -> PartitionManifest:
     """Parse and validate a head manifest; `key` is named in every error."""
-    doc = load_document(data, key, KIND_PARTITION, _HEAD_FIELDS)
+    doc = load_document(data, key, KIND_PARTITION, _HEAD_FIELDS, newest=HEAD_FORMAT_VERSION,
+                        added={2: ("gc_cutoff_ms",)})
 
     def parse() -> PartitionManifest:
         topic, partition, revision = _identity(doc)
@@ -399,6 +414,7 @@ def decode_partition_manifest(data: bytes, *, key: str | None = None) -> Partiti
                 ReplacedSegment(seg, at) for seg, at in zip(replaced_rows, replaced_at, strict=True)
             ),
             archives=_decode_archives(doc["archives"], "archives."),
+            gc_cutoff_ms=_int(doc, "gc_cutoff_ms", "") if "gc_cutoff_ms" in doc else 0,
         )
 
     m: PartitionManifest = _guarded(key, parse)

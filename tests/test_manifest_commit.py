@@ -240,9 +240,9 @@ def test_corrupt_head_in_the_bucket_is_refused_with_its_key(store: ObjectStore) 
 def test_head_from_a_newer_release_is_refused(store: ObjectStore) -> None:
     m = ops.add_segments(PartitionManifest.new(TOPIC, PARTITION, REVISION, term=1), run_of(0, 2))
     doc = json.loads(encode_partition_manifest(m))
-    doc["version"] = 2
+    doc["version"] = 3
     store.put(m.key, json.dumps(doc).encode())
-    with pytest.raises(UnsupportedManifestVersion, match="version 2"):
+    with pytest.raises(UnsupportedManifestVersion, match="version 3"):
         load(ManifestStore(store))
 
 

@@ -11,7 +11,7 @@ import pytest
 from manifest_fakes import run_of, segment
 
 from manifests import ops
-from manifests.errors import InvalidUpdate, OffsetGap, OffsetOverlap, StaleTerm
+from manifests.errors import CollectedName, InvalidUpdate, OffsetGap, OffsetOverlap, StaleTerm
 from manifests.manifest import PartitionManifest, manifest_problem
 from manifests.model import ArchiveEntry, SegmentMeta
 from manifests.spillover import plan_spill
@@ -307,3 +307,45 @@ def test_iter_from_yields_segments_in_order_from_the_one_holding_the_offset() ->
     assert list(ops.iter_from(m, 500)) == []
     m = ops.advance_start_offset(m, 150, now_ms=0)
     assert [s.base_offset for s in ops.iter_from(m, 0)] == [100, 200, 300, 400]
+
+
+# -- garbage-collection safety -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "append"), [
+    ("0-99-1.log", True),
+    ("0-99-1.index", True),
+    ("0-99-1.txnindex", True),
+    ("0-99-1-7.log", False),
+    ("0-99-1-7.timeindex", False),
+    ("m.log", False),
+    ("manifest.json", False),
+])
+def test_is_append_name(name: str, append: bool) -> None:
+    assert ops.is_append_name(name) is append
+
+
+def test_merge_under_an_appended_segments_default_name_is_refused() -> None:
+    """Collection treats default names as append-only; a replacement under one could be
+    deleted while its commit is in flight."""
+    m = with_segments(3)
+    with pytest.raises(InvalidUpdate, match="default name"):
+        ops.replace_segments(m, merged_of(m, 0, 1, name="0-199-1.log"), now_ms=0)
+
+
+def test_replacement_no_younger_than_the_gc_cutoff_is_refused() -> None:
+    m = with_segments(3).evolve(gc_cutoff_ms=5_000)
+    merged = merged_of(m, 0, 1)
+    for uploaded_at in (None, 4_000, 5_000):
+        with pytest.raises(CollectedName, match="cutoff 5000"):
+            ops.replace_segments(m, merged, now_ms=0, uploaded_at_ms=uploaded_at)
+    out = ops.replace_segments(m, merged, now_ms=0, uploaded_at_ms=6_000)
+    assert out.segments[0] == merged
+    # no cutoff committed yet: no collector ever deleted a replacement's object
+    ops.replace_segments(m.evolve(gc_cutoff_ms=0), merged, now_ms=0)
+
+
+def test_gc_cutoff_only_grows() -> None:
+    m = with_segments(1)
+    assert ops.raise_gc_cutoff(m, 9_000).gc_cutoff_ms == 9_000
+    assert ops.raise_gc_cutoff(ops.raise_gc_cutoff(m, 9_000), 3_000).gc_cutoff_ms == 9_000

@@ -18,7 +18,7 @@ from manifest_fakes import run_of, segment
 from manifests import ops
 from manifests.errors import CorruptManifest, UnsupportedManifestVersion
 from manifests.manifest import ArchivedManifest, PartitionManifest, manifest_problem
-from manifests.model import FORMAT_VERSION, SegmentMeta, SegmentTable
+from manifests.model import FORMAT_VERSION, HEAD_FORMAT_VERSION, SegmentMeta, SegmentTable
 from manifests.serde import (
     decode_archived_manifest,
     decode_partition_manifest,
@@ -211,11 +211,31 @@ def encode(obj: Any) -> bytes:
 
 def test_newer_version_is_refused_with_an_upgrade_hint() -> None:
     d = doc()
-    d["version"] = FORMAT_VERSION + 1
+    d["version"] = HEAD_FORMAT_VERSION + 1
     d["some_future_field"] = {"x": 1}
     with pytest.raises(UnsupportedManifestVersion, match="newer than this reader.*upgrade") as info:
         decode_partition_manifest(encode(d), key=KEY)
-    assert info.value.version == FORMAT_VERSION + 1 and info.value.key == KEY
+    assert info.value.version == HEAD_FORMAT_VERSION + 1 and info.value.key == KEY
+
+
+def test_gc_cutoff_makes_a_version_2_head_and_round_trips() -> None:
+    m = decode_partition_manifest(encode(doc()), key=KEY)
+    assert m.gc_cutoff_ms == 0 and json.loads(encode_partition_manifest(m))["version"] == 1
+    cut = m.evolve(gc_cutoff_ms=1_700_000_000_000)
+    data = encode_partition_manifest(cut)
+    assert json.loads(data)["version"] == 2 and json.loads(data)["gc_cutoff_ms"] == 1_700_000_000_000
+    assert decode_partition_manifest(data, key=KEY) == cut
+
+
+def test_gc_cutoff_field_belongs_to_version_2_only() -> None:
+    v1 = doc()
+    v1["gc_cutoff_ms"] = 5
+    with pytest.raises(CorruptManifest, match="unknown \\['gc_cutoff_ms'\\]"):
+        decode_partition_manifest(encode(v1), key=KEY)
+    v2 = doc()
+    v2["version"] = 2
+    with pytest.raises(CorruptManifest, match="missing \\['gc_cutoff_ms'\\]"):
+        decode_partition_manifest(encode(v2), key=KEY)
 
 
 def test_archived_manifest_of_a_newer_version_is_refused() -> None:

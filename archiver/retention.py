@@ -25,14 +25,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from archiver.space import RetentionLimits
 from archiver.uploader import INDEX_KINDS
 from manifests import keys, ops
+from manifests.collect import collect_orphans
 from manifests.commit import ManifestStore
+from manifests.errors import CorruptManifest
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
-from tiered.store.base import ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +72,22 @@ def object_names(seg: SegmentMeta) -> list[str]:
     return [seg.object_name] + [keys.index_name(seg.object_name, kind) for kind in INDEX_KINDS]
 
 
+class PartitionId(Protocol):
+    """Which partition to housekeep (an upload target, a partition reference, ...)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def revision(self) -> str: ...
+
+
 @dataclass
 class HousekeepingOutcome:
     """What one housekeeping pass did for one partition."""
 
+    #: the head as the pass left it (read fresh, plus the pass's own commits)
     manifest: PartitionManifest
     etag: str | None
     deleted_objects: int = 0
@@ -83,9 +97,10 @@ class HousekeepingOutcome:
 
 
 class GarbageCollector:
-    """Housekeeping for the partitions of one writer. Remembers since when it has seen each
-    archived manifest expired (in memory: after a restart the grace period starts again, which
-    only delays deletion)."""
+    """Housekeeping for the partitions of one writer. Every decision is made from a fresh read
+    of the bucket, never from a manifest the caller holds (another writer may have committed
+    since). Remembers since when it has seen each archived manifest expired (in memory: after
+    a restart the grace period starts again, which only delays deletion)."""
 
     def __init__(self, mstore: ManifestStore, *, grace_ms: int) -> None:
         self.mstore = mstore
@@ -95,39 +110,38 @@ class GarbageCollector:
 
     def housekeep(
         self,
-        m: PartitionManifest,
-        etag: str | None,
+        target: PartitionId,
         *,
         term: int,
         limits: RetentionLimits | None,
         now_ms: int,
     ) -> HousekeepingOutcome:
-        """Retention, replaced-segment GC, expired archives and orphans for the partition of
-        `m` (committed as `etag`). Raises `StaleTerm` when a newer writer owns the partition
-        and `ManifestConflict` when a commit lost its race (the caller reloads and retries next
+        """Retention, replaced-segment GC, expired archives and orphans for one partition, as
+        a writer of `term`. Raises `StaleTerm` when a newer writer owns the partition and
+        `ManifestContention` when its commits kept losing races (the caller retries next
         pass); store faults are reported in the outcome and leave the manifest consistent."""
-        out = HousekeepingOutcome(ops.with_term(m, term), etag)
-        committed = etag is not None  # else nothing to expire, but crash leftovers may exist
-        if committed and limits is not None and (limits.ms is not None
-                                                 or limits.bytes is not None):
-            self._retention(out, limits, now_ms)
-        # one listing of the data prefix per pass: deletions ask only for objects that exist
-        # (a segment's .txnindex usually does not), and the orphan scan reads it
-        prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
-        listing = list(self.store.list(prefix))
-        known = {info.key for info in listing}
-        if committed:
-            self._replaced(out, now_ms, known)
-            self._archives(out, now_ms, known)
-        self._orphans(out, now_ms, [i for i in listing if i.key in known])
+        m, etag = self.mstore.load(target.topic, target.partition, target.revision)
+        ops.with_term(m, term)  # a fenced writer stops here
+        out = HousekeepingOutcome(m, etag)
+        if etag is None:
+            return out  # nothing committed: nothing expires, and orphans wait for a head
+        if limits is not None and (limits.ms is not None or limits.bytes is not None):
+            self._retention(out, term, limits, now_ms)
+        self._replaced(out, term, now_ms)
+        self._archives(out, term, now_ms)
+        self._orphans(out, now_ms)
         return out
 
-    def _commit(self, out: HousekeepingOutcome, new: PartitionManifest) -> None:
-        if new == out.manifest:
-            return
-        result = self.mstore.commit(new, out.etag)
-        out.manifest, out.etag = result.manifest, result.etag
-        out.commits += 1
+    def _update(self, out: HousekeepingOutcome, term: int,
+                change: Callable[[PartitionManifest], PartitionManifest | None]) -> None:
+        """Apply `change` to the head as it is in the bucket (re-applied on lost races)."""
+        m = out.manifest
+        done = self.mstore.update(
+            m.topic, m.partition, m.revision,
+            lambda fresh: change(ops.with_term(fresh, term)),
+            start=(out.manifest, out.etag))
+        out.manifest, out.etag = done.manifest, done.etag
+        out.commits += done.committed
 
     def _delete(self, out: HousekeepingOutcome, keys_: list[str],
                 known: set[str] | None = None) -> set[str]:
@@ -145,17 +159,30 @@ class GarbageCollector:
             known.difference_update(doomed)
         return set(keys_) - failed
 
-    def _retention(self, out: HousekeepingOutcome, limits: RetentionLimits, now_ms: int) -> None:
-        m = out.manifest
-        new_start = retention_start_offset(lambda: self.mstore.iter_segments(m), limits, now_ms)
-        if new_start is None or new_start <= m.log_start_offset:
-            return
-        log.info("%s/%d: remote retention moves the start offset %d -> %d", m.topic,
-                 m.partition, m.log_start_offset, new_start)
-        self._commit(out, ops.advance_start_offset(m, new_start, now_ms=now_ms))
-        out.new_start_offset = new_start
+    def _listing(self, m: PartitionManifest) -> set[str]:
+        """Keys under the data prefix now: deletions ask only for objects that exist (a
+        segment's .txnindex usually does not)."""
+        prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
+        return {info.key for info in self.store.list(prefix)}
 
-    def _replaced(self, out: HousekeepingOutcome, now_ms: int, known: set[str]) -> None:
+    def _retention(self, out: HousekeepingOutcome, term: int, limits: RetentionLimits,
+                   now_ms: int) -> None:
+        def advance(m: PartitionManifest) -> PartitionManifest | None:
+            new_start = retention_start_offset(lambda: self.mstore.iter_segments(m), limits,
+                                               now_ms)
+            if new_start is None or new_start <= m.log_start_offset:
+                return None
+            return ops.advance_start_offset(m, new_start, now_ms=now_ms)
+
+        before = out.manifest.log_start_offset
+        self._update(out, term, advance)
+        m = out.manifest
+        if m.log_start_offset > before:
+            log.info("%s/%d: remote retention moves the start offset %d -> %d", m.topic,
+                     m.partition, before, m.log_start_offset)
+            out.new_start_offset = m.log_start_offset
+
+    def _replaced(self, out: HousekeepingOutcome, term: int, now_ms: int) -> None:
         m = out.manifest
         due = ops.replaced_due(m, now_ms=now_ms, grace_ms=self.grace_ms)
         if not due:
@@ -163,69 +190,66 @@ class GarbageCollector:
         prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
         doomed = {r.segment.object_name: [prefix + n for n in object_names(r.segment)]
                   for r in due}
-        gone = self._delete(out, [k for ks in doomed.values() for k in ks], known)
+        gone = self._delete(out, [k for ks in doomed.values() for k in ks], self._listing(m))
         done = [name for name, ks in doomed.items() if set(ks) <= gone]
-        self._commit(out, ops.drop_replaced(out.manifest, done))
+        self._update(out, term, lambda fresh: ops.drop_replaced(fresh, done))
 
-    def _archives(self, out: HousekeepingOutcome, now_ms: int, known: set[str]) -> None:
+    def _archives(self, out: HousekeepingOutcome, term: int, now_ms: int) -> None:
         m = out.manifest
-        count = 0
-        for entry in ops.expired_archives(m):
+        expired = ops.expired_archives(m)
+        if not expired:
+            return
+        prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
+        known = self._listing(m)
+        gone: set[str] = set()
+        for entry in expired:
             key = m.archive_key(entry)
             seen = self._expired_seen.setdefault(key, now_ms)
             if seen + self.grace_ms > now_ms:
                 break
-            prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
             segment_keys: list[str] = []
-            for obj in self.mstore.archive_objects(m, entry):
-                if obj.segment is not None:
-                    segment_keys.extend(prefix + n for n in object_names(obj.segment))
+            try:
+                for obj in self.mstore.archive_objects(m, entry):
+                    if obj.segment is not None:
+                        segment_keys.extend(prefix + n for n in object_names(obj.segment))
+            except CorruptManifest:
+                if self.store.exists(key):
+                    raise
+                # deleted by an earlier pass (or another writer) that did not get to drop it:
+                # what it listed is below the log start and left to orphan collection
+                segment_keys = []
             # the objects first, the archived manifest that lists them last
             if set(segment_keys) - self._delete(out, segment_keys, known):
                 break
             if key not in self._delete(out, [key]):
                 break
             self._expired_seen.pop(key, None)
-            count += 1
-        if count:
-            self._commit(out, ops.drop_expired_archives(out.manifest, count))
+            gone.add(key)
 
-    def referenced_names(self, m: PartitionManifest) -> set[str]:
-        """Every data object name the manifest reaches: head and replaced segments, every
-        segment an archived manifest lists (expired ones included, until GC drops them), and
-        the indexes beside each."""
-        names: set[str] = set()
-        for seg in m.segments:
-            names.update(object_names(seg))
-        for r in m.replaced:
-            names.update(object_names(r.segment))
-        for entry in m.archives:
-            for obj in self.mstore.archive_objects(m, entry):
-                if obj.segment is not None:
-                    names.update(object_names(obj.segment))
-        return names
+        def drop(fresh: PartitionManifest) -> PartitionManifest:
+            count = 0
+            for entry in ops.expired_archives(fresh):
+                if fresh.archive_key(entry) not in gone:
+                    break
+                count += 1
+            return ops.drop_expired_archives(fresh, count)
 
-    def _orphans(self, out: HousekeepingOutcome, now_ms: int, listing: list[ObjectInfo]
-                 ) -> None:
+        if gone:
+            self._update(out, term, drop)
+
+    def _orphans(self, out: HousekeepingOutcome, now_ms: int) -> None:
         m = out.manifest
-        prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
-        referenced = self.referenced_names(m)
-        cutoff_s = (now_ms - self.grace_ms) / 1000
-        orphans = [
-            info.key for info in listing
-            if info.key[len(prefix):] not in referenced and info.last_modified <= cutoff_s
-        ]
-        orphans += [info.key for info in self.mstore.unreferenced_archives(m)
-                    if info.last_modified <= cutoff_s]
-        if orphans:
-            log.info("%s/%d: deleting %d orphaned object(s)", m.topic, m.partition,
-                     len(orphans))
-            self._delete(out, orphans)
+        done = collect_orphans(self.mstore, m.topic, m.partition, m.revision,
+                               now_ms=now_ms, grace_ms=self.grace_ms)
+        out.deleted_objects += len(done.deleted)
+        out.commits += bool(done.cutoff_ms)
+        out.errors.extend(done.errors)
 
 
 __all__ = [
     "GarbageCollector",
     "HousekeepingOutcome",
+    "PartitionId",
     "object_names",
     "retention_start_offset",
 ]

@@ -372,11 +372,12 @@ class Archiver:
                                            and state.term <= state.fenced_by):
                     return None, 0
                 cursor = state.cursor
-                m = head(cursor, self.mstore, state.target())
                 limits = None
                 if tc.remote_retention_applies:
                     limits = RetentionLimits(tc.retention_ms, tc.retention_bytes)
-                out = self.gc.housekeep(m, cursor.etag, term=state.term,
+                # from the bucket as it is now, never the cursor's copy: another writer (a
+                # merge, a second daemon) may have committed since the cursor last looked
+                out = self.gc.housekeep(state.target(), term=state.term,
                                         limits=limits, now_ms=self._now_ms())
             except StaleTerm as err:
                 state.fenced_by = self._fencing_term(state)

@@ -235,10 +235,12 @@ class ManifestStore:
         swap; on a lost race re-read and re-apply, with jittered backoff, until `deadline_s`.
 
         `start` is a (manifest, ETag) the caller believes current, tried first to save a read;
-        a lost race replaces it with the bucket's. Raises `StaleTerm` when a newer term owns
-        the partition, `ManifestContention` when races were still being lost at the deadline,
-        `InvalidUpdate` (or whatever else `change` raises) at once, and `CorruptManifest` /
-        store errors from the reads."""
+        a lost race replaces it with the bucket's. A change that writes as a term applies
+        `ops.with_term` itself, and so raises `StaleTerm` once a newer term owns the partition
+        (a commit refused for the term is otherwise just a lost race: re-applied on the fresh
+        head). Raises `ManifestContention` when races were still being lost at the deadline,
+        whatever `change` raises (`StaleTerm`, `InvalidUpdate`, ...) at once, and
+        `CorruptManifest` / store errors from the reads."""
         pending = [start] if start is not None else []
         tries = 0
 
@@ -255,6 +257,10 @@ class ManifestStore:
                 if conflict.current is not None and conflict.etag is not None:
                     pending.append((conflict.current, conflict.etag))  # the fresh read
                 raise
+            except StaleTerm as fenced:
+                # a newer term wrote since `m` was read: re-apply on the fresh head, where a
+                # change that writes as a term (`ops.with_term`) raises StaleTerm itself
+                raise ManifestConflict(fenced.key, None, None) from fenced
             return Updated(result.manifest, result.etag, True, archived_keys=result.archived_keys)
 
         try:
@@ -387,12 +393,17 @@ class ManifestStore:
     def referenced_archive_keys(self, m: PartitionManifest) -> set[str]:
         """Keys of every archived manifest reachable from `m` (reads index manifests only)."""
         found: set[str] = set()
+        expired = set(ops.expired_archives(m))
         pending = list(m.archives)
         while pending:
             entry = pending.pop()
             found.add(m.archive_key(entry))
             if entry.level > 0:
-                pending.extend(self.archived(m, entry).children)
+                try:
+                    pending.extend(self.archived(m, entry).children)
+                except CorruptManifest:
+                    if entry not in expired:
+                        raise  # retention deletes expired ones before dropping their entry
         return found
 
     def unreferenced_archives(self, m: PartitionManifest) -> list[ObjectInfo]:

@@ -90,8 +90,10 @@ def is_append_name(name: str) -> bool:
     once it is unreferenced and below the head's next offset (or of a fenced term), because
     `add_segments` can never take it again; every other name is a replacement's, protected
     by `gc_cutoff_ms` instead (docs/format.md, "Garbage collection")."""
-    parsed = keys.parse_segment_name(keys.segment_name_of(name) or "")
-    return parsed is not None and parsed.generation == 0
+    seg = keys.segment_name_of(name) or ""
+    parsed = keys.parse_segment_name(seg)
+    return parsed is not None and seg == keys.segment_name(
+        parsed.base_offset, parsed.last_offset, parsed.term)
 
 
 def check_not_collected(m: PartitionManifest, name: str, uploaded_at_ms: int | None) -> None:

@@ -31,6 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from manifests import (
+    CollectedName,
     InvalidUpdate,
     ManifestConflict,
     ManifestStore,
@@ -47,7 +48,7 @@ from spark_jobs.common import (
     map_with_store,
     slices_for,
 )
-from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, merge_run
+from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, fresh_generation, merge_run
 from spark_jobs.merge_plan import (
     MergeLimits,
     MergeRun,
@@ -66,8 +67,6 @@ log = logging.getLogger("tiered.spark.merge")
 
 #: plan / upload / commit rounds per job; a partition re-enters only if a race made runs stale
 MAX_ROUNDS = 3
-#: compare-and-swap attempts per partition and round before giving up on it for this job
-COMMIT_ATTEMPTS = 5
 #: driver threads loading manifests (GETs; latency-bound, not CPU-bound)
 LOAD_THREADS = 16
 
@@ -145,9 +144,9 @@ def build_tasks(
                 last_offset=run.last_offset,
                 segment_term=run.segment_term,
                 writer_term=m.term,
-                # a fresh generation per manifest version: leftovers of an attempt on an
-                # older version never block this one's If-None-Match for long
-                generation=m.sequence + 1,
+                # a name no object ever had: leftovers of an earlier attempt never block
+                # its If-None-Match, and a collected name is never created again
+                generation=fresh_generation(m.sequence),
                 index_interval_bytes=index_interval,
                 sources=sources,
             )
@@ -207,53 +206,64 @@ def commit_partition(
     before_commit: Callable[[PartitionRef], None] | None = None,
 ) -> tuple[list[RunResult], bool]:
     """Commit the merged runs of one partition by compare-and-swap, re-reading and
-    re-applying on every lost race. Returns (results that no longer apply, whether the outcome
-    is certain: False after a store error, when deleting anything would be unsafe)."""
+    re-applying on every lost race (`ManifestStore.update`). Returns (results that no longer
+    apply, whether the outcome is certain: False after a store error, when deleting anything
+    would be unsafe)."""
     state, part = planned.state, planned.state.part
-    m, etag = planned.manifest, planned.etag
     good = [r for r in results if r.meta is not None]
     if before_commit is not None:
         before_commit(part)
-    for _ in range(COMMIT_ATTEMPTS):
-        new, applied = m, []
+    applied: list[RunResult] = []
+    reasons: dict[int, str] = {}
+
+    def apply_runs(m: PartitionManifest) -> PartitionManifest:
+        applied.clear()
+        new = m
         for r in good:
             if r.meta is None or not run_applies(m, r):
                 continue
             try:
-                new = ops.replace_segments(new, r.meta, now_ms=now_ms)
+                new = ops.replace_segments(new, r.meta, now_ms=now_ms,
+                                           uploaded_at_ms=r.uploaded_at_ms)
+            except CollectedName as exc:  # collection may delete it: merge again later
+                reasons[id(r)] = f"not committing merged run: {exc}"
+                continue
             except InvalidUpdate as exc:  # e.g. its name is still listed as replaced
-                state.errors.append(f"{part}: cannot commit merged run: {exc}")
+                reasons[id(r)] = f"cannot commit merged run: {exc}"
                 continue
             applied.append(r)
-        if not applied:
-            return good, True
-        try:
-            committed = mstore.commit(new, etag)
-        except (ManifestConflict, StaleTerm) as exc:
-            state.conflicts += 1
-            log.info("%s: lost a commit race (%s); re-reading the manifest", part, exc)
-            m, fresh = mstore.load(part.topic, part.partition, part.revision)
-            if fresh is None:
-                state.errors.append(f"{part}: the manifest disappeared during the merge")
-                return good, True
-            etag = fresh
-            continue
-        except TieredError as exc:
-            state.errors.append(f"{part}: commit failed: {job_error(exc)}")
-            return [], False
-        state.runs_committed += len(applied)
-        state.segments_merged += sum(len(r.task.sources) for r in applied)
-        state.bytes_uploaded += sum(r.bytes_uploaded for r in applied)
-        state.segments_after = len(committed.manifest.segments)
-        state.bytes_after = committed.manifest.segments.total("size_bytes")
-        for r in applied:
-            log.info("%s: merged %d segments %d..%d into %s (%d bytes)", part,
-                     len(r.task.sources), r.task.base_offset, r.task.last_offset,
-                     r.uploaded_keys[0], r.bytes_uploaded)
-        done = {id(r) for r in applied}
-        return [r for r in good if id(r) not in done], True
-    state.errors.append(f"{part}: gave up after {COMMIT_ATTEMPTS} lost commit races")
-    return good, True
+        return new
+
+    try:
+        done = mstore.update(part.topic, part.partition, part.revision, apply_runs,
+                             start=(planned.manifest, planned.etag))
+    except StaleTerm as exc:
+        state.errors.append(f"{part}: {exc}")
+        return good, True
+    except ManifestConflict as exc:  # contention past the deadline: nothing was written
+        state.conflicts += 1
+        state.errors.append(f"{part}: {exc}")
+        return good, True
+    except TieredError as exc:
+        state.errors.append(f"{part}: commit failed: {job_error(exc)}")
+        return [], False
+    state.conflicts += done.attempts - 1
+    for r in good:
+        if id(r) in reasons and r not in applied:
+            state.errors.append(f"{part}: {reasons[id(r)]}")
+    if not done.committed:
+        return good, True
+    state.runs_committed += len(applied)
+    state.segments_merged += sum(len(r.task.sources) for r in applied)
+    state.bytes_uploaded += sum(r.bytes_uploaded for r in applied)
+    state.segments_after = len(done.manifest.segments)
+    state.bytes_after = done.manifest.segments.total("size_bytes")
+    for r in applied:
+        log.info("%s: merged %d segments %d..%d into %s (%d bytes)", part,
+                 len(r.task.sources), r.task.base_offset, r.task.last_offset,
+                 r.uploaded_keys[0], r.bytes_uploaded)
+    committed = {id(r) for r in applied}
+    return [r for r in good if id(r) not in committed], True
 
 
 def _delete_unreferenced(

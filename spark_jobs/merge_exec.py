@@ -8,12 +8,14 @@ The driver side (planning, commits, the job) is `spark_jobs.merge`.
 from __future__ import annotations
 
 import contextlib
+import secrets
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import crc32c
 
 from manifests import keys
+from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
 from spark_jobs.common import PartitionRef, job_error
 from tiered.errors import CorruptSegmentError, TieredError
@@ -25,6 +27,15 @@ from tiered.store.errors import ObjectNotFound, PreconditionFailed
 
 #: generations tried for a merged object's name before the run is given up
 NAME_ATTEMPTS = 16
+#: random generations per manifest sequence number: garbage collection deletes by key, so a
+#: collected replacement's name must never be created again (docs/format.md)
+GENERATION_SPREAD = 10**9
+
+
+def fresh_generation(sequence: int) -> int:
+    """A generation for a replacement planned on manifest version `sequence`: ordered by
+    version (recovery prefers newer ones), random within it."""
+    return (sequence + 1) * GENERATION_SPREAD + secrets.randbelow(GENERATION_SPREAD)
 
 
 class MergeNameTaken(TieredError):
@@ -54,7 +65,8 @@ class RunTask(NamedTuple):
     segment_term: int
     #: the manifest's term: the merged object's writer term (<= any later manifest's)
     writer_term: int
-    #: first generation to try in the merged object's name
+    #: first generation to try in the merged object's name: the manifest's sequence + 1
+    #: times `GENERATION_SPREAD` plus a random part, so a name, once deleted, never returns
     generation: int
     index_interval_bytes: int
     sources: tuple[SourceSegment, ...]
@@ -76,6 +88,8 @@ class RunResult:
     bytes_read: int = 0
     bytes_uploaded: int = 0
     error: str | None = None
+    #: the merged object's last-modified time on the store's clock (`store_time_ms`)
+    uploaded_at_ms: int | None = None
 
 
 @dataclass
@@ -166,6 +180,9 @@ def merge_run(store: ObjectStore, task: RunTask) -> RunResult:
             extra["txnindex"] = txn
         name, key = _claim_name(store, task, data)
         uploaded.append(key)
+        # the store's own clock: the commit may name the object only if it is younger than
+        # the garbage-collection cutoff of the head it commits onto
+        uploaded_at_ms = store_time_ms(store.head(key).last_modified)
         sent = len(data)
         for kind, blob in extra.items():
             index_key = task.data_prefix + keys.index_name(name, kind)
@@ -189,4 +206,4 @@ def merge_run(store: ObjectStore, task: RunTask) -> RunResult:
         checksum=crc32c.crc32c(data),
         name=name,
     )
-    return RunResult(task, meta, tuple(uploaded), read, sent)
+    return RunResult(task, meta, tuple(uploaded), read, sent, uploaded_at_ms=uploaded_at_ms)

@@ -26,7 +26,7 @@ from test_archiver_e2e import (
 from archiver.retention import retention_start_offset
 from archiver.service import Archiver
 from archiver.space import RetentionLimits
-from manifests import keys
+from manifests import keys, ops
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from tiered.store.base import ObjectStore
@@ -160,18 +160,23 @@ def test_orphans_are_deleted_after_the_grace_period_referenced_objects_never(
     archiver, clock, log_dir = archived(tmp_path, s3_store, old=0, new=6)
     m = load_manifest(s3_store, log_dir, "orders", 0)
     prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
-    # what a crash between upload and commit leaves: a segment and its index, never listed
-    orphan = prefix + keys.segment_name(20, 23, 1)
-    s3_store.put(orphan, b"partial upload")
-    s3_store.put(prefix + keys.index_name(keys.segment_name(20, 23, 1)), b"index")
-    referenced = data_keys(s3_store, m) - {orphan}
+    assert m.term == 1 and m.next_offset == 20
+    # what a crash between upload and commit leaves, once the log moved past it: a segment
+    # and its index under boundaries the manifest does not use (a replica rolled elsewhere)
+    dead = [prefix + keys.segment_name(4, 9, 1), prefix + keys.index_name(keys.segment_name(4, 9, 1))]
+    # at the log's end: a writer of the current term may be about to commit it
+    frontier = prefix + keys.segment_name(20, 23, 1)
+    # at the log's end, but by a term the head has fenced: it can never be committed
+    fenced = prefix + keys.segment_name(20, 23, 0)
+    for key in (*dead, frontier, fenced):
+        s3_store.put(key, b"partial upload")
+    referenced = data_keys(s3_store, m) - {*dead, frontier, fenced}
 
     assert archiver.housekeeping().deleted_remote_objects == 0  # too young: maybe in flight
-    assert s3_store.exists(orphan)
+    assert all(s3_store.exists(k) for k in dead)
     clock.advance(GRACE_MS / 1000 + 1)
-    assert archiver.housekeeping().deleted_remote_objects == 2
-    assert data_keys(s3_store, m) == referenced - {prefix + keys.index_name(
-        keys.segment_name(20, 23, 1))}
+    assert archiver.housekeeping().deleted_remote_objects == 3
+    assert data_keys(s3_store, m) == referenced | {frontier}
     assert load_manifest(s3_store, log_dir, "orders", 0).segments == m.segments
 
 
@@ -189,21 +194,29 @@ def test_retention_start_offset_is_the_larger_removal() -> None:
     assert retention_start_offset(lambda: segs, RetentionLimits(ms=500, bytes=250), now) == 30
 
 
-def test_leftovers_of_a_crash_before_the_first_commit_are_collected(
+def test_leftovers_of_a_crash_before_the_first_commit_wait_for_the_first_commit(
     tmp_path: Path, s3_store: ObjectStore
 ) -> None:
+    """Without a head manifest nothing is collected (the writer that uploaded it may still
+    commit it); once the log has moved past a leftover, it goes."""
     clock = Clock(time.time())
     config = make_config(tmp_path, cluster={"cloud_storage_gc_grace_period_ms": GRACE_MS})
     log_dir = config.log_dirs[0]
-    write_partition(log_dir, "orders", 0, batches=1)  # only the active segment: no commit
+    # only the active segment: no commit
+    write_partition(log_dir, "orders", 0, batches=1, segment_bytes=ONE_BATCH_SEGMENTS)
     archiver = Archiver(config, s3_store, clock=clock, disk_usage=Disk())
     archiver.upload_round()
     m = load_manifest(s3_store, log_dir, "orders", 0)
     assert m.last_offset == -1 and not s3_store.exists(m.key)
-    leftover = keys.object_key(m.topic, m.partition, m.revision, keys.segment_name(0, 3, 1))
+    leftover = keys.object_key(m.topic, m.partition, m.revision, keys.segment_name(0, 2, 1))
     s3_store.put(leftover, b"uploaded, then the process was killed")
-    assert archiver.housekeeping().deleted_remote_objects == 0
     clock.advance(GRACE_MS / 1000 + 1)
+    assert archiver.housekeeping().deleted_remote_objects == 0
+    assert s3_store.exists(leftover)
+    # another writer commits the first segment under its own boundaries
+    committed = SegmentMeta(0, 9, 0, 0, 1, 1, 1, 0)
+    s3_store.put(m.segment_key(committed), b"x")
+    archiver.mstore.commit(ops.add_segments(ops.with_term(m, 1), [committed]), None)
     assert archiver.housekeeping().deleted_remote_objects == 1
     assert not s3_store.exists(leftover)
 
@@ -228,10 +241,10 @@ def test_a_pass_housekeeps_a_partition_while_others_still_upload(
 
     housekeep = archiver.gc.housekeep
 
-    def watched(m: PartitionManifest, *args: Any, **kwargs: Any) -> Any:
-        if m.partition == 0:
+    def watched(target: Any, *args: Any, **kwargs: Any) -> Any:
+        if target.partition == 0:
             housekept_0.set()
-        return housekeep(m, *args, **kwargs)
+        return housekeep(target, *args, **kwargs)
 
     before_put_file(monkeypatch, file_store, hold)
     monkeypatch.setattr(archiver.gc, "housekeep", watched)
@@ -253,9 +266,10 @@ def test_a_partition_uploading_over_several_rounds_is_housekept_after_the_last(
     seen: list[int] = []
     housekeep = archiver.gc.housekeep
 
-    def watched(m: PartitionManifest, *args: Any, **kwargs: Any) -> Any:
-        seen.append(m.last_offset)
-        return housekeep(m, *args, **kwargs)
+    def watched(target: Any, *args: Any, **kwargs: Any) -> Any:
+        out = housekeep(target, *args, **kwargs)
+        seen.append(out.manifest.last_offset)
+        return out
 
     monkeypatch.setattr(archiver.gc, "housekeep", watched)
     report = archiver.run_once()

@@ -317,6 +317,8 @@ def test_iter_from_yields_segments_in_order_from_the_one_holding_the_offset() ->
     ("0-99-1.index", True),
     ("0-99-1.txnindex", True),
     ("0-99-1-7.log", False),
+    ("0-99-1-0.log", False),
+    ("00-99-1.log", False),
     ("0-99-1-7.timeindex", False),
     ("m.log", False),
     ("manifest.json", False),

@@ -170,6 +170,8 @@ class Archiver:
         self.slots = ConcurrencyLimit(self._budget.concurrency)
         self._gate = UploadGate(self.limiter, self.slots)
         self._space_cursor = 0
+        #: set when local files vanished under a listing: the next round re-lists the log dirs
+        self._rescan = False
         self._lock = threading.RLock()  # partitions dict, stats, controller state
         self._partitions: dict[TopicPartition, _Partition] = {}
         self._topic_manifests: dict[tuple[str, str], TopicManifest] = {}  # by (topic, rev)
@@ -225,6 +227,9 @@ class Archiver:
         is called with each partition's row as soon as that partition is done."""
         budget = self._budget
         self._apply(budget)
+        if self._rescan:  # a partition's files vanished under its listing last round
+            self._rescan = False
+            self.scan()
         states = self._states()
         report = PassReport()
 
@@ -290,8 +295,16 @@ class Archiver:
             try:
                 snapshot = snapshot_of(state.log, self.facts)
             except (TieredError, OSError) as err:
-                return PartitionReport(tp.topic, tp.partition, decision="error",
-                                       error=f"reading the local log: {err}")
+                # files went away under the listing (the broker's retention, another
+                # sidecar's trimming): whoever trimmed may have committed, so the next round
+                # re-lists the log and re-reads the head before deciding anything
+                state.cursor.loaded = False
+                self._rescan = True
+                problem = f"reading the local log: {err}"
+                level = logging.DEBUG if state.cursor.last_problem == problem else logging.WARNING
+                log.log(level, "%s: %s; re-reading the log and the manifest", tp, problem)
+                state.cursor.last_problem = problem
+                return PartitionReport(tp.topic, tp.partition, decision="error", error=problem)
             out = archive_partition(
                 state.target(), self.mstore, state.cursor, snapshot, self.upload_params,
                 self._now_ms(), submit=submit, gate=self._gate,
@@ -422,7 +435,9 @@ class Archiver:
               ) -> tuple[PartitionView, LogSnapshot]:
         snap = snapshot_of(part, self.facts)
         tc = self.config.topic_config(part.topic)
-        m = cursor.manifest if cursor is not None and cursor.loaded else None
+        # the last head this process saw committed, even when due for a re-read: the offsets
+        # a committed head covers only grow, so an older copy can only under-state them
+        m = cursor.manifest if cursor is not None else None
         uploaded = None if m is None or m.last_offset < 0 else m.last_offset
         return partition_view(part.topic, part.partition, snap, tc, uploaded), snap
 

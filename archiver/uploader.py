@@ -48,7 +48,7 @@ from archiver.upload_policy import (
 )
 from manifests import keys, ops
 from manifests.commit import ManifestStore
-from manifests.errors import ManifestConflict, StaleTerm
+from manifests.errors import StaleTerm
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from tiered.errors import CorruptSegmentError, TieredError
@@ -64,8 +64,6 @@ T = TypeVar("T")
 
 #: bytes read at a time when checksumming a segment file
 CHECKSUM_CHUNK_BYTES = 1 << 20
-#: commits tried in one round when other writers of the same term keep winning the race
-COMMIT_ATTEMPTS = 3
 #: index files that travel beside a segment object, by `manifests.keys` kind
 INDEX_KINDS = ("index", "timeindex", "txnindex")
 #: their suffixes beside a segment's `.log` in the log dir
@@ -105,6 +103,8 @@ class ArchivalCursor:
     etag: str | None
     last_upload_ms: int
     loaded: bool = False
+    #: the reason the last round could not go on, logged once rather than every round
+    last_problem: str | None = None
 
 
 @dataclass
@@ -377,10 +377,18 @@ def archive_partition(
         out.decision, out.error = "corrupt_segment", str(err)
     except (TieredError, OSError) as err:
         out.decision, out.error = "error", f"{type(err).__name__}: {err}"
-        cursor.loaded = False  # re-read the head next round: we may not know where it is
-    level = logging.WARNING if out.error else logging.DEBUG
+    if out.error:
+        # a gap, an overlap, a vanished file, a lost race: another writer may have moved the
+        # head, so the next decision starts from the bucket, never from this copy
+        cursor.loaded = False
+    problem = f"{out.decision} ({out.error})" if out.error else None
+    repeated = problem is not None and problem == cursor.last_problem
+    level = logging.WARNING if problem and not repeated else logging.DEBUG
     log.log(level, "%s/%d: %s%s", target.topic, target.partition, out.decision,
             f" ({out.error})" if out.error else "")
+    if cursor.last_problem is not None and problem is None:
+        log.info("%s/%d: going on again (%s)", target.topic, target.partition, out.decision)
+    cursor.last_problem = problem
     return out
 
 
@@ -393,8 +401,10 @@ def _run(
     plan = plan_uploads(snapshot, state, params, now_ms)
     if plan.decision is UploadDecision.NEEDS_ACTIVE_BATCHES:
         plan = plan_uploads(snapshot, state, params, now_ms, _active_batches(target))
-    log.log(DECISION_LOG_LEVEL[plan.decision], "%s/%d: %s: %s", target.topic,
-            target.partition, plan.decision.value, plan.detail)
+    if plan.decision not in (UploadDecision.GAP, UploadDecision.OVERLAP,
+                             UploadDecision.MANIFEST_AHEAD):  # those are logged as problems
+        log.log(DECISION_LOG_LEVEL[plan.decision], "%s/%d: %s: %s", target.topic,
+                target.partition, plan.decision.value, plan.detail)
     if plan.decision is not UploadDecision.UPLOAD:
         out.decision = plan.decision.value
         if plan.decision in (UploadDecision.GAP, UploadDecision.OVERLAP,
@@ -478,28 +488,30 @@ def _finish(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCurs
 def _commit(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,
             m: PartitionManifest, metas: list[SegmentMeta], out: UploadOutcome
             ) -> list[SegmentMeta]:
-    """Add `metas` to the head by compare-and-swap. On a lost race, continue from the fresh
-    head when the uploaded objects still continue it exactly; otherwise give up the round."""
-    etag = cursor.etag
-    for _ in range(COMMIT_ATTEMPTS):
-        try:
-            result = mstore.commit(ops.add_segments(m, metas), etag)
-        except ManifestConflict as conflict:
-            out.conflicts += 1
-            fresh = conflict.current or PartitionManifest.new(
-                target.topic, target.partition, target.revision)
-            m, etag = ops.with_term(fresh, target.term), conflict.etag
-            cursor.manifest, cursor.etag = fresh, etag
-            metas = [s for s in metas if s.base_offset >= m.next_offset]
-            empty = m.last_offset == -1 and not m.segments and not m.archives
-            if not metas or (metas[0].base_offset != m.next_offset and not empty):
-                raise TieredError(
-                    f"{target.topic}/{target.partition}: another writer changed the manifest; "
-                    "its uploads no longer continue it and will be re-planned") from None
-            continue
-        cursor.manifest, cursor.etag = result.manifest, result.etag
-        out.commits += 1
-        out.committed_keys = [result.manifest.segment_key(s) for s in metas]
-        return metas
-    raise TieredError(f"{target.topic}/{target.partition}: lost the manifest race "
-                      f"{COMMIT_ATTEMPTS} times in a row")
+    """Add `metas` to the head by compare-and-swap (`ManifestStore.update`). On a lost race
+    continue from the fresh head when the uploaded objects still continue it exactly (those
+    the other writer committed already are dropped); otherwise give up the round."""
+    where = f"{target.topic}/{target.partition}"
+    committed: list[SegmentMeta] = []
+
+    def add(fresh: PartitionManifest) -> PartitionManifest:
+        if fresh is not m:
+            out.conflicts += 1  # a re-read after a lost race
+        fresh = ops.with_term(fresh, target.term)
+        rest = [s for s in metas if s.base_offset >= fresh.next_offset]
+        empty = fresh.last_offset == -1 and not fresh.segments and not fresh.archives
+        if not rest or (rest[0].base_offset != fresh.next_offset and not empty):
+            raise TieredError(f"{where}: another writer changed the manifest; its uploads no "
+                              "longer continue it and will be re-planned")
+        committed[:] = rest
+        return ops.add_segments(fresh, rest)
+
+    try:
+        done = mstore.update(target.topic, target.partition, target.revision, add,
+                             start=(m, cursor.etag))
+    finally:
+        cursor.loaded = False  # whatever happened, the next round starts from the bucket
+    cursor.manifest, cursor.etag, cursor.loaded = done.manifest, done.etag, True
+    out.commits += 1
+    out.committed_keys = [done.manifest.segment_key(s) for s in committed]
+    return committed

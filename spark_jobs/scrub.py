@@ -11,8 +11,9 @@ invariant 5), so a flipped byte is named with its object key and byte position.
 Not anomalies, reported separately: objects in the manifest's `replaced` list (a merge or
 retention dropped them; garbage collection deletes them after the grace period, invariant 7)
 and unreferenced objects younger than the grace period (an upload whose commit may still be
-in flight). `--delete-orphans` deletes orphans older than `cloud_storage_gc_grace_period_ms`
-after re-reading the head manifest, so an object a concurrent commit just named survives.
+in flight). `--delete-orphans` deletes orphans older than `cloud_storage_gc_grace_period_ms` by the
+rules garbage collection follows (`manifests.collect`, docs/format.md): decided afresh from
+the bucket, and only objects no writer can reference any more.
 
 Streaming and verifying one object is `spark_jobs.objects.walk_object`.
 """
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from manifests import keys
+from manifests.collect import collect_orphans
 from manifests.errors import ManifestError
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
@@ -253,20 +255,19 @@ def _scan_partition(
 def _delete_orphans(
     ctx: JobContext, ref: PartitionRef, orphans: list[ObjectInfo], now_ms: int, grace_ms: int
 ) -> tuple[list[str], list[str]]:
-    """Delete `orphans` still unreferenced by the head as it is now. Returns (deleted, errors)."""
+    """Delete those of `orphans` that garbage collection's rules allow, decided afresh from
+    the bucket (`manifests.collect`). Returns (deleted, errors)."""
     try:
-        fresh = _scan_partition(ctx, ref, now_ms, grace_ms)[0]
+        done = collect_orphans(ctx.manifests, ref.topic, ref.partition, ref.revision,
+                               now_ms=now_ms, grace_ms=grace_ms,
+                               only={info.key for info in orphans})
     except (TieredError, OSError) as err:
         return [], [f"{ref}: not deleting orphans: {job_error(err)}"]
-    still = {info.key for info in fresh.orphans}
-    doomed = [info.key for info in orphans if info.key in still]
-    if not doomed:
-        return [], []
-    failed = set(ctx.store.delete_many(doomed))
-    deleted = [k for k in doomed if k not in failed]
-    for k in deleted:
+    for k in done.deleted:
         log.info("deleted orphan %s", k)
-    return deleted, [f"could not delete {k}" for k in sorted(failed)]
+    for k, why in sorted(done.deferred.items()):
+        log.info("kept orphan %s: %s", k, why)
+    return done.deleted, done.errors
 
 
 def run_scrub(

@@ -1,19 +1,21 @@
 """The manifest layer's I/O edge: load, compare-and-swap commit, archived-manifest reads.
 
-Commit protocol (DESIGN invariants 1 and 6):
+Commit protocol (docs/format.md, "Commit protocol"):
 
-1. refuse if the version being replaced was written by a newer term (`StaleTerm`);
-2. plan the spillover and PUT every new archived manifest with If-None-Match (keys are
+1. read the head and its ETag in one GET;
+2. refuse if the version being replaced was written by a newer term (`StaleTerm`);
+3. plan the spillover and PUT every new archived manifest with If-None-Match (keys are
    content-addressed: an identical object already there is reused, a different one refused);
-3. PUT the head with If-Match on the version read (If-None-Match for the first write);
-4. on PreconditionFailed, re-read the head and raise `StaleTerm` if a newer term wrote it,
-   else `ManifestConflict` carrying the fresh manifest. Nothing is overwritten blindly.
+4. PUT the head with If-Match on the version read (If-None-Match for the first write);
+5. on PreconditionFailed, re-read the head: our own retried write is success, a newer term is
+   `StaleTerm`, anything else `ManifestConflict` carrying the fresh manifest.
 
-Archived manifests uploaded by a commit that then loses its race are unreferenced; their
-names are content hashes, so they never collide, and `unreferenced_archives` finds them for GC.
+`update` wraps 1-5 in the retry loop every writer uses: re-apply the change to the fresh head,
+with jittered backoff, until a deadline. Archived manifests uploaded by a commit that then
+loses its race are unreferenced; `manifests.collect` decides when they may go.
 
-One `ManifestStore` may be shared by threads; each partition must still have one writer at a
-time per term (the archiver's job), other writers are fenced or lose the CAS.
+One `ManifestStore` may be shared by threads; any number of writers may race on a partition:
+each either wins the compare-and-swap or re-applies its change on top of the winner's.
 """
 
 from __future__ import annotations

@@ -36,15 +36,15 @@ from archiver.space import (
     plan_space_management,
 )
 from archiver.upload_policy import LogSnapshot
-from tiered.checkpoints import (
+from tiered.config import TopicConfig
+from tiered.kafka.checkpoints import (
     LOG_START_OFFSET_CHECKPOINT,
     CheckpointError,
     TopicPartition,
     read_offset_checkpoint,
     write_offset_checkpoint,
 )
-from tiered.config import TopicConfig
-from tiered.segment import (
+from tiered.kafka.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,

@@ -9,8 +9,8 @@ import os
 
 from archiver.upload_policy import ActiveSegment, LocalSegment, LogSnapshot
 from tiered.errors import CorruptSegmentError
-from tiered.local_log import PartitionLog
-from tiered.segment import Segment
+from tiered.kafka.local_log import PartitionLog
+from tiered.kafka.segment import Segment
 
 log = logging.getLogger(__name__)
 

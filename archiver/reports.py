@@ -10,7 +10,7 @@ from archiver.space import PartitionView, safe_delete_below, upload_backlog_byte
 from archiver.upload_policy import LogSnapshot
 from manifests.manifest import PartitionManifest
 from tiered.errors import TieredError
-from tiered.local_log import PartitionLog
+from tiered.kafka.local_log import PartitionLog
 
 
 @dataclass

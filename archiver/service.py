@@ -66,10 +66,10 @@ from manifests.commit import ManifestStore
 from manifests.errors import ManifestConflict, StaleTerm
 from manifests.spillover import ManifestSettings
 from manifests.topic import TopicManifest, save_topic_manifest
-from tiered.checkpoints import TopicPartition, topic_id_to_str
 from tiered.config import Config
 from tiered.errors import TieredError
-from tiered.local_log import LocalLog, PartitionLog
+from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
+from tiered.kafka.local_log import LocalLog, PartitionLog
 from tiered.store.base import ObjectStore
 
 log = logging.getLogger(__name__)

@@ -133,7 +133,7 @@ class SpaceParams:
 
     @classmethod
     def from_properties(cls, values: Mapping[str, Any]) -> SpaceParams:
-        """Build from parsed cluster properties (`tiered.properties` names); a missing key
+        """Build from parsed cluster properties (`tiered.config.properties` names); a missing key
         takes the seed's default, a bad value is a ConfigError naming the key."""
         defaults = cls()
         picked = {

@@ -96,7 +96,7 @@ class ActiveSegment:
 
 
 class BatchSpan(Protocol):
-    """Where one record batch sits in a segment file. `tiered.records.BatchHeader` has exactly
+    """Where one record batch sits in a segment file. `tiered.kafka.records.BatchHeader` has exactly
     these attributes, so the caller can pass the headers it walked; `BatchBoundary` is the
     plain-data version."""
 

@@ -52,10 +52,10 @@ from manifests.errors import StaleTerm
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from tiered.errors import CorruptSegmentError, TieredError
-from tiered.index import NO_TIMESTAMP
-from tiered.local_log import PartitionLog
-from tiered.records import BatchHeader, iter_batch_headers
-from tiered.segment import LogFile, Segment, build_indexes
+from tiered.kafka.index import NO_TIMESTAMP
+from tiered.kafka.local_log import PartitionLog
+from tiered.kafka.records import BatchHeader, iter_batch_headers
+from tiered.kafka.segment import LogFile, Segment, build_indexes
 from tiered.store.base import ObjectStore
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Helpers shared by the archiver benchmarks (`upload.py`, `backlog.py`).
 
 A moto S3 server as a child process on a free 127.0.0.1 port (boto3, the aws CLI and tiered
-all talk to it over real HTTP), sample Kafka logs written with `tiered.log_writer.LogWriter`,
+all talk to it over real HTTP), sample Kafka logs written with `tiered.kafka.log_writer.LogWriter`,
 throughput arithmetic and the one-JSON-object output the benchmarks share.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tiered.checkpoints import TopicPartition, new_topic_id
-from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.kafka.checkpoints import TopicPartition, new_topic_id
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 
 MIB = 1024 * 1024
 #: throughput unit: MB/s are 10**6 bytes per second, as disks and networks are rated

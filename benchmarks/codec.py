@@ -1,11 +1,11 @@
-"""Record batch codec throughput: tiered.records against kafka-python, in the same run.
+"""Record batch codec throughput: tiered.kafka.records against kafka-python, in the same run.
 
 Builds a realistic segment in memory (mixed record sizes, batches of 1..500 records, about a
 third of them compressed with gzip / snappy / lz4 / zstd), or maps a real `.log` file, then
 times four passes over it and prints one JSON object:
 
-    ours_header_walk     tiered.records.iter_batch_headers (CRC-32C of every batch, no records)
-    ours_full_decode     tiered.records.iter_batches (CRC, decompression, every record)
+    ours_header_walk     tiered.kafka.records.iter_batch_headers (CRC-32C of each batch, no records)
+    ours_full_decode     tiered.kafka.records.iter_batches (CRC, decompression, every record)
     kafka_python_crc     kafka.record.MemoryRecords, validate_crc() per batch
     kafka_python_full    the same plus iterating every record of every batch
 
@@ -34,7 +34,14 @@ from typing import Any
 
 from kafka.record.memory_records import MemoryRecords
 
-from tiered.records import Buffer, Header, Record, encode_batch, iter_batch_headers, iter_batches
+from tiered.kafka.records import (
+    Buffer,
+    Header,
+    Record,
+    encode_batch,
+    iter_batch_headers,
+    iter_batches,
+)
 
 MIB = 1024 * 1024
 #: share of batches per codec; "none" dominates as on most real topics

@@ -39,14 +39,14 @@ from _common import MIB, MotoServer, emit, mb_per_s, progress, versions
 
 from archiver.service import Archiver
 from archiver.space import DiskInfo
-from tiered.checkpoints import TopicPartition
+from cache.reader import Reader
 from tiered.config import Config, parse_config
-from tiered.index import OffsetIndex
-from tiered.local_log import LocalLog
-from tiered.log_writer import LogWriter, write_high_watermarks
-from tiered.reader import Reader
-from tiered.records import Record, encode_batch
-from tiered.segment import Segment
+from tiered.kafka.checkpoints import TopicPartition
+from tiered.kafka.index import OffsetIndex
+from tiered.kafka.local_log import LocalLog
+from tiered.kafka.log_writer import LogWriter, write_high_watermarks
+from tiered.kafka.records import Record, encode_batch
+from tiered.kafka.segment import Segment
 from tiered.store import S3Store
 from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 

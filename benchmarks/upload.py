@@ -69,11 +69,11 @@ from _common import (
 REPO = Path(__file__).resolve().parent.parent
 AWSCLI_VENV = Path(__file__).resolve().parent / ".cache" / "awscli"
 TOPIC = "bench"
-#: this interpreter's `tiered` entry point. Not `-m tiered.cli`: run as __main__, that module
-#: is a second copy of tiered.cli, and the commands tiered.commands registers on the real one
+#: this interpreter's `tiered` entry point. Not `-m tiered.cli.main`: run as __main__, that module
+#: is a second copy of tiered.cli.main; tiered.cli.commands registers its commands on the real one
 #: (archive among them) are missing from it. -P: a `manifests/` or `tiered/` directory in the
 #: current directory must not shadow the packages
-TIERED_CLI = [sys.executable, "-P", "-c", "import sys; from tiered.cli import main; "
+TIERED_CLI = [sys.executable, "-P", "-c", "import sys; from tiered.cli.main import main; "
               "sys.argv[0] = 'tiered'; main()"]
 #: bytes uploaded, untimed, before the first contender
 WARM_UP_BYTES = 128 * MIB

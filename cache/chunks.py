@@ -14,7 +14,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from tiered.errors import CorruptSegmentError
-from tiered.records import iter_batch_headers
+from tiered.kafka.records import iter_batch_headers
 
 __all__ = ["batch_positions", "chunk_bounds", "chunks_for_range", "plan_chunks", "verify_batches"]
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tiered.demo import DEMO_TOPIC, demo_config, write_sample_topic
+from tiered.app.demo import DEMO_TOPIC, demo_config, write_sample_topic
 
 
 def main(argv: list[str]) -> int:

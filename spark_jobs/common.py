@@ -26,10 +26,10 @@ from manifests import ManifestSettings, ManifestStore, TopicManifest
 from manifests.errors import ManifestError
 from manifests.topic import iter_topic_manifest_keys, load_topic_manifest
 from tiered.config import Config, load_config
+from tiered.config.units import format_size
 from tiered.errors import TieredError
 from tiered.store import open_store
 from tiered.store.base import ObjectStore, StoreSettings
-from tiered.units import format_size
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

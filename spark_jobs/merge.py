@@ -1,4 +1,4 @@
-"""Adjacent-segment merging on Spark (`tiered merge`; also `spark-submit spark_jobs/merge.py`).
+"""Adjacent-segment merging on Spark (`tiered merge`; also `spark-submit spark_jobs/submit.py merge`).
 
 The driver loads each partition's head manifest and plans runs (`merge_plan.plan_runs`).
 Executors (`merge_exec.merge_run`) download every segment of a run, check each object's size
@@ -22,7 +22,6 @@ collection's orphan scan finds what is left.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -439,17 +438,3 @@ def _summary(
         "skipped": skipped,
         "errors": list(dict.fromkeys(errors)),  # a run retried in a later round fails once
     }
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`spark-submit spark_jobs/merge.py --config FILE [--topic T] [--json]`: the same
-    arguments as `tiered merge`, through the same command (and its error handling)."""
-    from tiered.cli import cli
-
-    cli.main(args=["merge", *(sys.argv[1:] if argv is None else argv)],
-             prog_name="spark_jobs/merge.py")
-
-
-if __name__ == "__main__":
-    main()
-

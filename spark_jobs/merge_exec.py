@@ -19,9 +19,9 @@ from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
 from spark_jobs.common import PartitionRef, job_error
 from tiered.errors import CorruptSegmentError, TieredError
-from tiered.index import NO_TIMESTAMP
-from tiered.records import iter_batch_headers
-from tiered.segment import build_indexes
+from tiered.kafka.index import NO_TIMESTAMP
+from tiered.kafka.records import iter_batch_headers
+from tiered.kafka.segment import build_indexes
 from tiered.store.base import ObjectStore
 from tiered.store.errors import ObjectNotFound, PreconditionFailed
 

@@ -4,31 +4,27 @@
 batch (bounds, magic, CRC-32C) and computing the CRC-32C of the whole object as it goes, so
 an executor never holds more than a chunk and a batch however large the segment; scrub,
 recovery and the manifest rebuild all read objects through it (DESIGN invariant 5).
-`run_tasks` runs such work over the executors with a progress line; `run_standalone` lets
-each job module run under `spark-submit` with its CLI command's arguments.
+`run_tasks` runs such work over the executors with a progress line.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import struct
-import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import click
 import crc32c
 
 from manifests.model import SegmentMeta
 from spark_jobs.common import JobContext, Progress, map_with_store, slices_for
-from tiered.errors import CorruptSegmentError, TieredError
-from tiered.records import LOG_OVERHEAD, BatchHeader, iter_batch_headers
+from tiered.config.units import format_size
+from tiered.errors import CorruptSegmentError
+from tiered.kafka.records import LOG_OVERHEAD, BatchHeader, iter_batch_headers
 from tiered.store.base import ObjectStore
-from tiered.units import format_size
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -208,18 +204,3 @@ def run_tasks(
     with Progress(sc, f"{label} ({total})", group=f"{group}-{uuid.uuid4().hex[:8]}",
                   total_tasks=rdd.getNumPartitions(), bytes_done=lambda: counter.value):
         return rdd.collect()
-
-
-def run_standalone(command: click.Command, argv: list[str] | None, prog_name: str) -> None:
-    """Run one of `spark_jobs.cli`'s commands as a script (`spark-submit spark_jobs/<job>.py`):
-    the same arguments, logging on stderr, and a domain error as one line plus its exit code,
-    as `tiered` itself does."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "py4j"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
-        command.main(args=argv, prog_name=prog_name)
-    except TieredError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)

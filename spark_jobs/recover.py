@@ -7,9 +7,9 @@ partition, never less than the newest segment so the log end is right). Executor
 each segment object into `{base:020d}.log` (via a `.tmp` file renamed into place, after the
 object's CRC-32C, size, offsets and every batch CRC checked out), and write the `.index` /
 `.timeindex` from the bucket when they are consistent with the log, else rebuilt with
-`tiered.segment.build_indexes`. The driver then writes `leader-epoch-checkpoint` (from the
+`tiered.kafka.segment.build_indexes`. The driver then writes `leader-epoch-checkpoint` (from the
 batches' leader epochs), `partition.metadata` (when the revision is a Kafka topic id) and the
-log dir's offset checkpoints, and reads the result back with `tiered.local_log.LocalLog`.
+log dir's offset checkpoints, and reads the result back with `tiered.kafka.local_log.LocalLog`.
 Executors write straight into the log dir: on a cluster it must be a mount every executor and
 the driver share (the driver checks every file it was told about is there).
 
@@ -19,7 +19,6 @@ the driver share (the driver checks every file it was told about is there).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import mmap
 import os
@@ -44,8 +43,9 @@ from spark_jobs.common import (
     PartitionRef,
     job_error,
 )
-from spark_jobs.objects import meta_problem, run_standalone, run_tasks, walk_object
-from tiered.checkpoints import (
+from spark_jobs.objects import meta_problem, run_tasks, walk_object
+from tiered.errors import CorruptSegmentError, TieredError
+from tiered.kafka.checkpoints import (
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     PARTITION_METADATA,
@@ -61,11 +61,10 @@ from tiered.checkpoints import (
     write_offset_checkpoint,
     write_partition_metadata,
 )
-from tiered.errors import CorruptSegmentError, TieredError
-from tiered.index import OffsetIndex, TimeIndex
-from tiered.local_log import LocalLog
-from tiered.records import BatchHeader
-from tiered.segment import (
+from tiered.kafka.index import OffsetIndex, TimeIndex
+from tiered.kafka.local_log import LocalLog
+from tiered.kafka.records import BatchHeader
+from tiered.kafka.segment import (
     INDEX_SUFFIX,
     TIMEINDEX_SUFFIX,
     TXNINDEX_SUFFIX,
@@ -468,14 +467,3 @@ def summary_lines(summary: Mapping[str, Any]) -> Iterator[str]:
                    f"{r['start_offset']}..{r['last_offset']}, {len(r['orphans'])} orphan(s)")
     for e in summary["errors"]:
         yield f"error: {e}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`spark-submit spark_jobs/recover.py --config FILE ...`: the arguments of `tiered
-    recover` (`--topic T --log-dir DIR [--max-bytes N]` or `--rebuild-manifests [--topic T]`)."""
-    cli = importlib.import_module("spark_jobs.cli")  # by name: the CLI imports this module
-    run_standalone(cli.recover_command, argv, "recover.py")
-
-
-if __name__ == "__main__":
-    main()

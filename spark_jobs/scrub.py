@@ -20,7 +20,6 @@ Streaming and verifying one object is `spark_jobs.objects.walk_object`.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -33,7 +32,7 @@ from manifests.errors import ManifestError
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from spark_jobs.common import JobContext, PartitionRef, job_error
-from spark_jobs.objects import meta_problem, run_standalone, run_tasks, walk_object
+from spark_jobs.objects import meta_problem, run_tasks, walk_object
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.store.base import ObjectInfo, ObjectStore
 from tiered.store.errors import ObjectNotFound, StoreError
@@ -355,16 +354,3 @@ def summary_lines(summary: Mapping[str, Any]) -> Iterator[str]:
     for e in summary["errors"]:
         yield f"error: {e}"
     yield "ok" if summary["ok"] else f"{len(summary['anomalies'])} anomaly(ies) found"
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`spark-submit spark_jobs/scrub.py --config FILE [--topic T] [--delete-orphans] ...`:
-    the same arguments as `tiered scrub`."""
-    # imported by name: the CLI module imports this one, and a static import cycle would
-    # hide this module's names from type checking of the CLI
-    cli = importlib.import_module("spark_jobs.cli")
-    run_standalone(cli.scrub_command, argv, "scrub.py")
-
-
-if __name__ == "__main__":
-    main()

@@ -21,10 +21,10 @@ from manifests import keys
 from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest
 from manifests.topic import load_topic_manifest
-from tiered.checkpoints import TopicPartition, read_partition_metadata, topic_id_to_str
 from tiered.config import Config, parse_config
-from tiered.local_log import LocalLog
-from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.kafka.checkpoints import TopicPartition, read_partition_metadata, topic_id_to_str
+from tiered.kafka.local_log import LocalLog
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 from tiered.store.base import ObjectStore
 
 #: a fixed "now" for the logs, seconds since the epoch

@@ -163,7 +163,8 @@ def test_orphans_are_deleted_after_the_grace_period_referenced_objects_never(
     assert m.term == 1 and m.next_offset == 20
     # what a crash between upload and commit leaves, once the log moved past it: a segment
     # and its index under boundaries the manifest does not use (a replica rolled elsewhere)
-    dead = [prefix + keys.segment_name(4, 9, 1), prefix + keys.index_name(keys.segment_name(4, 9, 1))]
+    name = keys.segment_name(4, 9, 1)
+    dead = [prefix + name, prefix + keys.index_name(name)]
     # at the log's end: a writer of the current term may be about to commit it
     frontier = prefix + keys.segment_name(20, 23, 1)
     # at the log's end, but by a term the head has fenced: it can never be committed

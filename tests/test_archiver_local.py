@@ -21,7 +21,11 @@ from test_archiver_e2e import (
 )
 
 from archiver.service import Archiver
-from tiered.checkpoints import LOG_START_OFFSET_CHECKPOINT, TopicPartition, read_offset_checkpoint
+from tiered.kafka.checkpoints import (
+    LOG_START_OFFSET_CHECKPOINT,
+    TopicPartition,
+    read_offset_checkpoint,
+)
 from tiered.store.base import ObjectStore
 
 #: disk pressure: the log target is 1 byte, so space management wants every segment gone

@@ -29,9 +29,9 @@ from archiver import uploader
 from archiver.bandwidth import ConcurrencyLimit, TokenBucket
 from archiver.service import Archiver
 from archiver.upload_policy import PolicyInputError
-from tiered.checkpoints import TopicPartition
 from tiered.config import Config
-from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.kafka.checkpoints import TopicPartition
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 from tiered.store.base import ObjectStore
 
 

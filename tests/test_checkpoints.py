@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tiered.checkpoints import (
+from tiered.kafka.checkpoints import (
     CheckpointError,
     EpochEntry,
     InvalidTopicPartition,

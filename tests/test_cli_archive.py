@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from tiered.checkpoints import TopicPartition, new_topic_id
-from tiered.cli import cli
-from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
-from tiered.segment import parse_segment_file_name
+from tiered.cli.main import cli
+from tiered.kafka.checkpoints import TopicPartition, new_topic_id
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.kafka.segment import parse_segment_file_name
 
 ROW_KEYS = {"topic", "partition", "high_watermark", "local", "remote", "pending_bytes",
             "safe_to_delete_below"}
@@ -266,7 +266,7 @@ def test_describe_storage_reads_only(setup: tuple[Path, Path], tmp_path: Path) -
 
 
 def test_render_rows_handles_empty_sides_and_manifest_errors() -> None:
-    from tiered.describe import render_rows, summary_line
+    from tiered.app.describe import render_rows, summary_line
 
     rows: list[dict[str, Any]] = [
         {"topic": "t", "partition": 0, "high_watermark": None,

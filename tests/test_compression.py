@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.codec import snappy_encode as kafka_snappy_encode
 
-from tiered.compression import CODECS, CODECS_BY_ID, Codec, codec_by_id, codec_by_name
 from tiered.errors import CorruptSegmentError
+from tiered.kafka.compression import CODECS, CODECS_BY_ID, Codec, codec_by_id, codec_by_name
 
 PAYLOADS = {
     "empty": b"",

@@ -1,6 +1,6 @@
 """The configuration file: every bad input is one clear problem naming file, section and key;
-properties parse by kind; topic settings follow the seeds' precedence (tiered.config,
-tiered.properties)."""
+properties parse by kind; topic settings follow the seeds' precedence (tiered.config.model,
+tiered.config.properties)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from tiered.config import (
     load_config,
     parse_config,
 )
-from tiered.errors import ConfigError
-from tiered.properties import (
+from tiered.config.properties import (
     CLUSTER,
     MASK,
     REGISTRY,
@@ -32,6 +31,7 @@ from tiered.properties import (
     check_registry,
     lookup,
 )
+from tiered.errors import ConfigError
 from tiered.store import parse_store_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -712,7 +712,7 @@ def test_check_config(in_tmp: Path) -> None:
 def test_cli_config_check_exit_codes(in_tmp: Path) -> None:
     from click.testing import CliRunner
 
-    from tiered.cli import cli
+    from tiered.cli.main import cli
 
     Path("bad.toml").write_text('[storage]\nurl = "s3://"\n')
     result = CliRunner().invoke(cli, ["config", "check", "--config", "bad.toml"])

@@ -30,12 +30,12 @@ from click.testing import CliRunner
 from archiver.service import revision_of
 from manifests import ManifestSettings, ManifestStore, keys
 from manifests.keys import INDEX_SUFFIXES
-from tiered.checkpoints import TopicPartition, new_topic_id
-from tiered.cli import cli
+from tiered.cli.main import cli
 from tiered.config import load_config
-from tiered.local_log import LocalLog
-from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
-from tiered.segment import parse_segment_file_name
+from tiered.kafka.checkpoints import TopicPartition, new_topic_id
+from tiered.kafka.local_log import LocalLog
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.kafka.segment import parse_segment_file_name
 from tiered.store import PROBE_PREFIX, ObjectStore, open_store
 from tiered.store.probe import probe_key
 
@@ -137,7 +137,7 @@ def _orphans(store: ObjectStore, mstore: ManifestStore, log_dir: Path) -> list[s
 
 
 def _tiered(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from tiered.cli import main; main()", *args]
+    return [sys.executable, "-c", "from tiered.cli.main import main; main()", *args]
 
 
 def _env() -> dict[str, str]:

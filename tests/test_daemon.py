@@ -25,8 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.controller import ControllerOutput
 from archiver.service import Archiver, ArchiverStats, PartitionReport, PassReport
-from tiered.config import Config, parse_config
-from tiered.daemon import (
+from tiered.app.daemon import (
     UPLOAD_BACKOFF_MAX_S,
     UPLOAD_BACKOFF_MIN_S,
     Daemon,
@@ -34,8 +33,9 @@ from tiered.daemon import (
     Scheduler,
     next_upload_delay,
 )
+from tiered.app.metrics import DaemonState, JobCounters, health_of
+from tiered.config import Config, parse_config
 from tiered.errors import ConfigError, TieredError
-from tiered.metrics import DaemonState, JobCounters, health_of
 from tiered.store.errors import AccessDenied, StoreError
 
 # --- fakes ------------------------------------------------------------------------------------
@@ -371,7 +371,7 @@ def test_logs_one_line_per_upload_and_a_partition_error_once(
     archiver = FakeArchiver(t)
     crc = "crc mismatch at byte 61"
     archiver.uploads = [_report(2, crc), _report(1, crc)]
-    with caplog.at_level(logging.INFO, logger="tiered.daemon"):
+    with caplog.at_level(logging.INFO, logger="tiered.app.daemon"):
         _daemon(tmp_path, t, archiver).run()
     messages = [r.getMessage() for r in caplog.records]
     assert "uploaded 2 segment(s) of orders-0 (2.0 KiB)" in messages
@@ -398,7 +398,7 @@ def test_a_second_signal_abandons_the_running_step(
         return PassReport([])
 
     archiver.upload_round = interrupted_round  # type: ignore[method-assign]
-    with caplog.at_level(logging.INFO, logger="tiered.daemon"):
+    with caplog.at_level(logging.INFO, logger="tiered.app.daemon"):
         assert daemon.run() == 0
     assert after == ["kept going after the first signal"]
     assert archiver.closed and store.closed
@@ -529,7 +529,7 @@ def test_health_of_before_the_first_round_is_starting() -> None:
 
 
 def _tiered(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from tiered.cli import main; main()", *args]
+    return [sys.executable, "-c", "from tiered.cli.main import main; main()", *args]
 
 
 def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -543,8 +543,8 @@ def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> None:
-    from tiered.checkpoints import TopicPartition
-    from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+    from tiered.kafka.checkpoints import TopicPartition
+    from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 
     log_dir = tmp_path / "log"
     with LogWriter(log_dir / "orders-0", segment_bytes=2048, fsync=False) as w:
@@ -594,7 +594,7 @@ def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> 
 
 
 def test_report_problems_lists_each_problem_once() -> None:
-    from tiered.daemon import report_problems
+    from tiered.app.daemon import report_problems
 
     report = PassReport(
         [PartitionReport("orders", 0, 0, 0, "corrupt_segment", "crc mismatch"),

@@ -29,14 +29,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.service import Archiver
-from tiered.checkpoints import TopicPartition
+from cache.reader import Reader
+from tiered.app.daemon import Daemon, DaemonOptions, open_reader
+from tiered.app.demo import DEMO_PARTITIONS, DEMO_TOPIC, demo_config, write_sample_topic
 from tiered.config import Config
-from tiered.daemon import Daemon, DaemonOptions, open_reader
-from tiered.demo import DEMO_PARTITIONS, DEMO_TOPIC, demo_config, write_sample_topic
 from tiered.errors import TieredError
-from tiered.local_log import LocalLog
-from tiered.reader import Reader
-from tiered.records import BatchHeader, iter_batch_headers, iter_batches
+from tiered.kafka.checkpoints import TopicPartition
+from tiered.kafka.local_log import LocalLog
+from tiered.kafka.records import BatchHeader, iter_batch_headers, iter_batches
 from tiered.store import open_store
 from tiered.store.base import Blob, ObjectInfo, ObjectStore
 from tiered.store.errors import StoreError

@@ -14,10 +14,7 @@ from click.testing import CliRunner
 
 from archiver.service import revision_of
 from manifests import ManifestSettings, ManifestStore
-from tiered.checkpoints import TopicPartition
-from tiered.cli import cli
-from tiered.config import load_config
-from tiered.demo import (
+from tiered.app.demo import (
     DEMO_PARTITIONS,
     DEMO_TOPIC,
     demo_config,
@@ -26,7 +23,10 @@ from tiered.demo import (
     render_config_toml,
     run_demo,
 )
-from tiered.local_log import LocalLog
+from tiered.cli.main import cli
+from tiered.config import load_config
+from tiered.kafka.checkpoints import TopicPartition
+from tiered.kafka.local_log import LocalLog
 from tiered.store import open_store
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tiered.cli import cli
-from tiered.dump import dump_file
+from tiered.cli.main import cli
 from tiered.errors import TieredError
-from tiered.log_writer import LogWriter, ProducerRecord
-from tiered.records import Header
-from tiered.segment import Segment
+from tiered.kafka.dump import dump_file
+from tiered.kafka.log_writer import LogWriter, ProducerRecord
+from tiered.kafka.records import Header
+from tiered.kafka.segment import Segment
 
 T0 = 1_700_000_000.0
 

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner, Result
 from test_reader import TOPIC, LogImage, record_timestamp, template
 
-from tiered.cli import cli
-from tiered.records import iter_batches
+from tiered.cli.main import cli
+from tiered.kafka.records import iter_batches
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tiered.errors import CorruptSegmentError
-from tiered.index import (
+from tiered.kafka.index import (
     NO_TIMESTAMP,
     IndexBuilder,
     IndexEntry,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tiered.checkpoints import EpochEntry, read_partition_metadata
-from tiered.local_log import LocalLog, TopicPartition
-from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.kafka.checkpoints import EpochEntry, read_partition_metadata
+from tiered.kafka.local_log import LocalLog, TopicPartition
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 
 T0 = 1_700_000_000.0
 
@@ -50,7 +50,7 @@ def log_dir(tmp_path: Path) -> Path:
 
 def test_discovers_exactly_the_live_partitions(log_dir: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="tiered.local_log")
+    caplog.set_level(logging.DEBUG, logger="tiered.kafka.local_log")
     local = LocalLog([log_dir])
     assert [p.tp for p in local] == [
         TopicPartition("my.topic-with-dashes", 12),

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 from kafka.record import MemoryRecords
 
-from tiered.checkpoints import (
+from tiered.errors import CorruptSegmentError, TieredError
+from tiered.kafka.checkpoints import (
     EpochEntry,
     TopicPartition,
     read_leader_epoch_checkpoint,
     read_offset_checkpoint,
     read_partition_metadata,
 )
-from tiered.errors import CorruptSegmentError, TieredError
-from tiered.index import OffsetIndex
-from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
-from tiered.records import Header, Record, encode_batch, iter_batch_headers
-from tiered.segment import Segment, segment_file_name
+from tiered.kafka.index import OffsetIndex
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.kafka.records import Header, Record, encode_batch, iter_batch_headers
+from tiered.kafka.segment import Segment, segment_file_name
 
 T0 = 1_700_000_000.0  # seconds, as the injected clock returns
 
@@ -37,7 +37,7 @@ class Clock:
 
 def kafka_reference_indexes(log: bytes, base: int, interval: int) -> tuple[bytes, bytes]:
     """Kafka's LogSegment.recover + onBecomeInactiveSegment, transcribed from the Java with
-    raw header offsets (independent of tiered.records / tiered.index)."""
+    raw header offsets (independent of tiered.kafka.records / tiered.kafka.index)."""
     index = b""
     timeindex: list[tuple[int, int]] = []
     valid_bytes = last_index_entry = 0

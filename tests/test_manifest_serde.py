@@ -18,7 +18,7 @@ from manifest_fakes import run_of, segment
 from manifests import ops
 from manifests.errors import CorruptManifest, UnsupportedManifestVersion
 from manifests.manifest import ArchivedManifest, PartitionManifest, manifest_problem
-from manifests.model import FORMAT_VERSION, HEAD_FORMAT_VERSION, SegmentMeta, SegmentTable
+from manifests.model import HEAD_FORMAT_VERSION, SegmentMeta, SegmentTable
 from manifests.serde import (
     decode_archived_manifest,
     decode_partition_manifest,
@@ -223,7 +223,8 @@ def test_gc_cutoff_makes_a_version_2_head_and_round_trips() -> None:
     assert m.gc_cutoff_ms == 0 and json.loads(encode_partition_manifest(m))["version"] == 1
     cut = m.evolve(gc_cutoff_ms=1_700_000_000_000)
     data = encode_partition_manifest(cut)
-    assert json.loads(data)["version"] == 2 and json.loads(data)["gc_cutoff_ms"] == 1_700_000_000_000
+    doc_ = json.loads(data)
+    assert doc_["version"] == 2 and doc_["gc_cutoff_ms"] == 1_700_000_000_000
     assert decode_partition_manifest(data, key=KEY) == cut
 
 

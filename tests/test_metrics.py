@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.service import ArchiverStats
-from tiered.metrics import (
+from tiered.app.metrics import (
     ARCHIVER_METRICS,
     CACHE_METRICS,
     READER_METRICS,

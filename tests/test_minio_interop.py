@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from manifests import decode_partition_manifest, keys
-from tiered.checkpoints import TopicPartition, new_topic_id
-from tiered.cli import cli
-from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.cli.main import cli
+from tiered.kafka.checkpoints import TopicPartition, new_topic_id
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 
 minio = pytest.importorskip("minio")
 

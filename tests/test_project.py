@@ -116,7 +116,7 @@ def test_cli_help_and_version() -> None:
 def test_docker_compose_daemon_config_passes_config_check() -> None:
     from click.testing import CliRunner
 
-    from tiered.cli import cli
+    from tiered.cli.main import cli
 
     result = CliRunner().invoke(cli, ["config", "check", "--config", "examples/minio.toml"])
     assert result.exit_code == 0, result.output
@@ -124,7 +124,7 @@ def test_docker_compose_daemon_config_passes_config_check() -> None:
 
 
 def test_seed_script_writes_a_log_the_local_log_reader_accepts(tmp_path: Path) -> None:
-    from tiered.local_log import LocalLog
+    from tiered.kafka.local_log import LocalLog
 
     run = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "seed_log.py"), str(tmp_path)],

@@ -1,4 +1,4 @@
-"""The remote-read API (`tiered.reader`): every offset of a long, spilled-over partition reads
+"""The remote-read API (`cache.reader`): every offset of a long, spilled-over partition reads
 back byte-identical from the bucket once the local log is gone; timestamps map to offsets as
 ListOffsets does; out-of-range offsets and disabled remote read are clear errors; local data is
 served without touching the bucket (DESIGN "remote read", invariants 5 and 9).
@@ -24,16 +24,16 @@ import pytest
 
 from archiver.service import Archiver
 from archiver.space import DiskInfo
+from cache.reader import InvalidRequest, Reader, RemoteReadDisabled, UnknownPartition
 from manifests import keys
 from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest
-from tiered.checkpoints import TopicPartition, topic_id_to_str
 from tiered.config import Config, parse_config
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
-from tiered.local_log import LocalLog
-from tiered.log_writer import LogWriter, ProducerRecord
-from tiered.reader import InvalidRequest, Reader, RemoteReadDisabled, UnknownPartition
-from tiered.records import Header, iter_batch_headers, iter_batches
+from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
+from tiered.kafka.local_log import LocalLog
+from tiered.kafka.log_writer import LogWriter, ProducerRecord
+from tiered.kafka.records import Header, iter_batch_headers, iter_batches
 from tiered.store import FileStore, StoreSettings
 from tiered.store.base import Blob, ObjectInfo, ObjectStore
 

@@ -1,4 +1,4 @@
-"""The remote-read HTTP endpoint (`tiered.http_api.handle_records`) behind a real
+"""The remote-read HTTP endpoint (`tiered.app.http_api.handle_records`) behind a real
 `http.server` on 127.0.0.1: status codes and Kafka error names for every failure a client can
 cause (invariant 9: a bad request gets a clear error and the server keeps serving)."""
 
@@ -26,10 +26,10 @@ from test_reader import (
     shared_remote,
 )
 
+from cache.reader import Reader
 from manifests import keys
-from tiered.http_api import handle_records
-from tiered.reader import Reader
-from tiered.records import iter_batches
+from tiered.app.http_api import handle_records
+from tiered.kafka.records import iter_batches
 
 
 class _Server:

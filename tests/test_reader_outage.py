@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_reader import CountingStore, Fixture, make_config, shared_remote
 
-from tiered.reader import Reader
+from cache.reader import Reader
 from tiered.store.base import ObjectInfo
 from tiered.store.errors import StoreError
 

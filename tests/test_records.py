@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiered.compression import CODECS
 from tiered.errors import CorruptSegmentError
-from tiered.records import (
+from tiered.kafka.compression import CODECS
+from tiered.kafka.records import (
     ATTRIBUTES_OFFSET,
     BATCH_HEADER,
     CRC_OFFSET,
@@ -33,7 +33,7 @@ from tiered.records import (
     make_records,
     read_batch_header,
 )
-from tiered.varint import encode_varint, encode_varlong
+from tiered.kafka.varint import encode_varint, encode_varlong
 
 PATH = "orders-0/00000000000000000100.log"
 RECORDS_COUNT_OFFSET = BATCH_HEADER.size - 4

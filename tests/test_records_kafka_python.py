@@ -13,9 +13,9 @@ from kafka import codec as kafka_codec
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
-from tiered.compression import CODECS
 from tiered.errors import CorruptSegmentError
-from tiered.records import (
+from tiered.kafka.compression import CODECS
+from tiered.kafka.records import (
     BatchHeader,
     Header,
     Record,

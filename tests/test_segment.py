@@ -12,9 +12,9 @@ import crc32c
 import pytest
 
 from tiered.errors import CorruptSegmentError
-from tiered.index import IndexEntry, OffsetIndex
-from tiered.records import Record, TruncatedBatchError, encode_batch, iter_batch_headers
-from tiered.segment import (
+from tiered.kafka.index import IndexEntry, OffsetIndex
+from tiered.kafka.records import Record, TruncatedBatchError, encode_batch, iter_batch_headers
+from tiered.kafka.segment import (
     READ_WINDOW_BYTES,
     LogFile,
     RunningChecksum,
@@ -30,7 +30,7 @@ T0 = 1_699_000_000_000
 
 def kafka_reference_indexes(log: bytes, base: int, interval: int = 4096) -> tuple[bytes, bytes]:
     """Kafka's LogSegment.recover followed by onBecomeInactiveSegment, transcribed from the
-    Java with raw header offsets (independent of tiered.records / tiered.index)."""
+    Java with raw header offsets (independent of tiered.kafka.records / tiered.kafka.index)."""
     index = b""
     timeindex: list[tuple[int, int]] = []
     valid_bytes = last_index_entry = 0
@@ -131,7 +131,7 @@ def test_find_offset_for_every_offset(segment: Segment) -> None:
 def test_find_offset_reads_only_near_the_index_entry(
     segment: Segment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("tiered.segment.READ_WINDOW_BYTES", 4096)
+    monkeypatch.setattr("tiered.kafka.segment.READ_WINDOW_BYTES", 4096)
     read_bytes = []
     real_read = LogFile.read
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from test_spark_merge import REVISION, TOPIC, make_context, seed
 
-from tiered.cli import cli
+from tiered.cli.main import cli
 from tiered.store.base import ObjectStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,18 +115,22 @@ def test_bad_max_bytes_is_a_usage_error(file_store: ObjectStore, tmp_path: Path)
     assert "ambiguous" in result.output
 
 
-def test_cli_import_does_not_load_pyspark_and_merge_py_runs_as_a_script() -> None:
+def test_cli_import_does_not_load_pyspark_and_submit_py_runs_each_job() -> None:
     probe = subprocess.run(
         [sys.executable, "-c",
-         "import sys, tiered.cli, spark_jobs.merge; print('pyspark' in sys.modules)"],
+         "import sys, tiered.cli.main, spark_jobs.merge; print('pyspark' in sys.modules)"],
         capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, check=True)
     assert probe.stdout.strip() == "False"
-    # spark-submit spark_jobs/merge.py runs the file as a script with the same arguments
-    script = subprocess.run(
-        [sys.executable, str(ROOT / "spark_jobs" / "merge.py"), "--help"],
-        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, check=True)
-    assert "--config" in script.stdout and "--topic" in script.stdout
-    assert "--master" in script.stdout
+    # spark-submit spark_jobs/submit.py JOB runs the file as a script with JOB's arguments
+    for job in ("merge", "recover", "scrub"):
+        script = subprocess.run(
+            [sys.executable, str(ROOT / "spark_jobs" / "submit.py"), job, "--help"],
+            capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, check=True)
+        assert "--config" in script.stdout and "--master" in script.stdout, job
+    bad = subprocess.run([sys.executable, str(ROOT / "spark_jobs" / "submit.py"), "nope"],
+                         capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT)})
+    assert bad.returncode == 2 and "merge|recover|scrub" in bad.stderr
 
 
 @pytest.mark.spark

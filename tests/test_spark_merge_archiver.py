@@ -16,8 +16,8 @@ from archiver.service import Archiver
 from manifests import ManifestSettings, ManifestStore
 from spark_jobs.common import JobContext, PartitionRef
 from spark_jobs.merge import run_merge
-from tiered.checkpoints import TopicPartition
-from tiered.local_log import LocalLog
+from tiered.kafka.checkpoints import TopicPartition
+from tiered.kafka.local_log import LocalLog
 from tiered.store.base import ObjectStore
 
 pytestmark = pytest.mark.spark

@@ -30,10 +30,11 @@ from test_spark_recover_support import (
 )
 
 from manifests.model import SegmentMeta
-from spark_jobs import recover
+from spark_jobs import submit
 from spark_jobs.common import JobContext
 from spark_jobs.recover import epoch_entries, run_recover, select_newest
-from tiered.checkpoints import (
+from tiered.errors import TieredError
+from tiered.kafka.checkpoints import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -41,9 +42,8 @@ from tiered.checkpoints import (
     TopicPartition,
     read_offset_checkpoint,
 )
-from tiered.errors import TieredError
-from tiered.local_log import LocalLog
-from tiered.segment import segment_file_name
+from tiered.kafka.local_log import LocalLog
+from tiered.kafka.segment import segment_file_name
 from tiered.store import open_store
 from tiered.store.base import ObjectStore
 
@@ -244,20 +244,21 @@ def test_runs_as_a_script_with_the_cli_arguments(
     tmp_path: Path, bucket: tuple[JobContext, ObjectStore],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`spark-submit spark_jobs/recover.py ARGS` takes `tiered recover`'s arguments."""
+    """`spark-submit spark_jobs/submit.py recover ARGS` takes `tiered recover`'s arguments."""
     ctx, store = bucket
     _, archived = _archived_log(tmp_path, ctx, store)
     path = write_config_file(tmp_path, ctx.config)
     out = tmp_path / "recovered"
     with pytest.raises(SystemExit) as done:
-        recover.main(["--config", str(path), "--topic", TOPIC, "--log-dir", str(out), "--json"])
+        submit.main(["recover", "--config", str(path), "--topic", TOPIC, "--log-dir", str(out),
+                     "--json"])
     assert done.value.code == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["ok"] and summary["segments"] == sum(len(s) for s in archived.segments.values())
     assert (out / f"{TOPIC}-0" / segment_file_name(0)).read_bytes() == archived.files[0, 0][".log"]
 
     with pytest.raises(SystemExit) as refused:  # the dirs are there now: a clear error
-        recover.main(["--config", str(path), "--topic", TOPIC, "--log-dir", str(out)])
+        submit.main(["recover", "--config", str(path), "--topic", TOPIC, "--log-dir", str(out)])
     assert refused.value.code == 1
     assert "non-empty partition directories" in capsys.readouterr().err
 

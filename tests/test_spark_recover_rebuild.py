@@ -32,8 +32,8 @@ from manifests.topic import load_topic_manifest
 from spark_jobs.common import JobContext
 from spark_jobs.rebuild import plan_chain
 from spark_jobs.recover import run_rebuild_manifests, run_recover
-from tiered.checkpoints import TopicPartition
-from tiered.local_log import LocalLog
+from tiered.kafka.checkpoints import TopicPartition
+from tiered.kafka.local_log import LocalLog
 from tiered.store import open_store
 from tiered.store.base import ObjectStore
 

@@ -18,11 +18,11 @@ from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from manifests.topic import TopicManifest, save_topic_manifest
 from spark_jobs.common import JobContext
-from tiered.checkpoints import topic_id_to_str
 from tiered.config import Config, parse_config
-from tiered.local_log import LocalLog
-from tiered.log_writer import LogWriter, ProducerRecord
-from tiered.segment import Segment
+from tiered.kafka.checkpoints import topic_id_to_str
+from tiered.kafka.local_log import LocalLog
+from tiered.kafka.log_writer import LogWriter, ProducerRecord
+from tiered.kafka.segment import Segment
 from tiered.store.base import ObjectStore
 
 TOPIC = "orders"

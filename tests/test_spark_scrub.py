@@ -29,7 +29,7 @@ from test_spark_recover_support import (
 
 from manifests import keys, ops
 from manifests.model import SegmentMeta
-from spark_jobs import scrub
+from spark_jobs import submit
 from spark_jobs.common import JobContext
 from spark_jobs.objects import walk_object
 from spark_jobs.scrub import chain_anomalies, run_scrub, summary_lines
@@ -238,18 +238,18 @@ def test_runs_as_a_script_with_the_cli_arguments(
     tmp_path: Path, bucket: tuple[JobContext, ObjectStore, Archived],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`spark-submit spark_jobs/scrub.py ARGS` runs `main()` with `tiered scrub`'s arguments:
+    """`spark-submit spark_jobs/submit.py scrub ARGS` runs `main()` with `tiered scrub`'s arguments:
     JSON on stdout, exit 0 when clean and 1 on an anomaly."""
     ctx, store, archived = bucket
     path = write_config_file(tmp_path, ctx.config)
     with pytest.raises(SystemExit) as clean:
-        scrub.main(["--config", str(path), "--topic", TOPIC, "--json"])
+        submit.main(["scrub", "--config", str(path), "--topic", TOPIC, "--json"])
     assert clean.value.code == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
 
     store.delete_many([segment_key(1, archived.segments[1][0])])
     with pytest.raises(SystemExit) as dirty:
-        scrub.main(["--config", str(path)])
+        submit.main(["scrub", "--config", str(path)])
     assert dirty.value.code == 1
     assert segment_key(1, archived.segments[1][0]) in capsys.readouterr().out
 

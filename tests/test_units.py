@@ -1,4 +1,4 @@
-"""Sizes and durations as written in configuration files (tiered.units)."""
+"""Sizes and durations as written in configuration files (tiered.config.units)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tiered.units import (
+from tiered.config.units import (
     UnitError,
     format_duration_ms,
     format_size,

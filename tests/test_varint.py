@@ -9,7 +9,7 @@ from kafka.record.util import decode_varint as kafka_decode_varint
 from kafka.record.util import encode_varint as kafka_encode_varint
 
 from tiered.errors import CorruptSegmentError
-from tiered.varint import (
+from tiered.kafka.varint import (
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,

@@ -1,15 +1,8 @@
-"""Loading and validating tiered's one TOML configuration file.
-
-    [storage]   url (required), endpoint_url, region, access_key, secret_key
-    [log]       dirs, retention ("enforce" | "advise")
-    [cache]     dir
-    [cluster]   cluster properties by their flat names (tiered.properties)
-    [topics."name"]  topic overrides by their dotted names
+"""Loading and validating tiered's one TOML configuration file into `tiered.config.model`.
 
 Validation collects every problem before it reports, so one `tiered config check` run shows all
 of them; each problem names the file, the section and the key. Relative paths resolve against the
-file's directory. Credentials are wrapped in `Secret` and masked in `effective()` and `repr()`.
-Documented in docs/configuration.md.
+file's directory. Documented in docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -18,258 +11,30 @@ import difflib
 import hashlib
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
-from tiered.errors import ConfigError, TieredError
-from tiered.properties import (
+from tiered.config.model import (
+    _STORAGE_ALTERNATIVES,
+    LOG_RETENTION_MODES,
+    SECTION_KEYS,
+    Config,
+    FrozenMap,
+    StorageConfig,
+    check_topic_name,
+)
+from tiered.config.properties import (
     CLUSTER,
-    MASK,
-    REGISTRY,
-    TOPIC_PROPERTIES,
-    Scope,
     Secret,
     Value,
     cluster_rule_problems,
     lookup,
     parse_table,
-    resolve_topic,
 )
-from tiered.topics import topic_name_problem
-from tiered.units import describe
-
-if TYPE_CHECKING:
-    from tiered.store.base import StoreSettings
-
-__all__ = [
-    "LOG_RETENTION_MODES",
-    "Config",
-    "StorageConfig",
-    "TopicConfig",
-    "check_config",
-    "check_topic_name",
-    "default_config",
-    "load_config",
-    "parse_config",
-]
-
-#: [log] retention: who deletes local segments once they are safely uploaded
-LOG_RETENTION_MODES: dict[str, str] = {
-    "enforce": "tiered deletes local segments past retention.local.target.* itself",
-    "advise": "tiered only reports what local retention could delete; the broker deletes",
-}
-
-#: keys of the fixed sections; [cluster] and [topics."…"] take the registry's properties
-SECTION_KEYS: dict[str, tuple[str, ...]] = {
-    "storage": ("url", "endpoint_url", "region", "access_key", "secret_key"),
-    "log": ("dirs", "retention"),
-    "cache": ("dir",),
-    "cluster": (),
-    "topics": (),
-}
-
-#: [storage] key -> the cluster property that may give it instead
-_STORAGE_ALTERNATIVES = {
-    "region": "cloud_storage_region",
-    "access_key": "cloud_storage_access_key",
-    "secret_key": "cloud_storage_secret_key",
-    "endpoint_url": "cloud_storage_api_endpoint",
-}
-
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class FrozenMap(Mapping[K, V]):
-    """A read-only dict that pickles (Spark ships configs to executors), unlike
-    `types.MappingProxyType`."""
-
-    __slots__ = ("_data",)
-
-    def __init__(self, data: Mapping[K, V] | None = None) -> None:
-        self._data: dict[K, V] = dict(data or {})
-
-    def __getitem__(self, key: K) -> V:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return f"FrozenMap({self._data!r})"
-
-
-def check_topic_name(name: str) -> str | None:
-    """Why `name` is not a legal Kafka topic name, or None when it is (`tiered.topics`)."""
-    return topic_name_problem(name)
-
-
-@dataclass(frozen=True)
-class StorageConfig:
-    """Where the bucket is and how to reach it; credentials None mean the AWS chain."""
-
-    url: str
-    endpoint_url: str | None = None
-    region: str | None = None
-    access_key: Secret | None = field(default=None, repr=False)
-    secret_key: Secret | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class TopicConfig:
-    """A topic's effective settings: its override if set, else the cluster default.
-
-    Retention values of None mean "no limit" (Kafka's -1, or an unset cluster default)."""
-
-    topic: str
-    retention_ms: int | None
-    retention_bytes: int | None
-    retention_local_target_ms: int | None
-    retention_local_target_bytes: int | None
-    remote_write: bool
-    remote_read: bool
-    remote_delete: bool
-    remote_recovery: bool
-    segment_bytes: int
-    segment_ms: int
-    cleanup_policy: str
-    index_interval_bytes: int
-    #: adjacent segment merging: merged segments grow up to this (cluster target or segment.bytes)
-    merge_target_bytes: int
-    #: segments below this are merge candidates (cluster min, or half of segment.bytes)
-    merge_min_bytes: int
-    #: dotted names this topic sets itself (aliases resolved)
-    overrides: frozenset[str] = frozenset()
-
-    @property
-    def local_retention_explicit(self) -> bool:
-        """Whether local retention is the topic's own (space-management phase 4) rather than
-        the cluster default (phase 3), in seed 000's terms."""
-        return bool(self.overrides & {"retention.local.target.ms", "retention.local.target.bytes"})
-
-    @property
-    def remote_retention_applies(self) -> bool:
-        """Seed 001: with cleanup.policy=compact alone, retention deletes nothing remotely."""
-        return "delete" in self.cleanup_policy.split(",")
-
-
-#: topic property -> TopicConfig field
-TOPIC_FIELDS: dict[str, str] = {
-    name: name.removeprefix("redpanda.").replace(".", "_") for name in TOPIC_PROPERTIES
-}
-
-
-@dataclass(frozen=True)
-class Config:
-    """A validated configuration. `cluster` holds every cluster property (defaults filled in);
-    `topics` only what each topic section set, by canonical dotted name."""
-
-    source: str
-    storage: StorageConfig
-    log_dirs: tuple[Path, ...]
-    log_retention_mode: str
-    cache_dir: Path
-    cluster: Mapping[str, Value]
-    topics: Mapping[str, Mapping[str, Value]]
-
-    def topic_config(self, topic: str) -> TopicConfig:
-        """Effective settings of `topic` (configured or not); ConfigError for an illegal name."""
-        problem = check_topic_name(topic)
-        if problem is not None:
-            raise ConfigError(problem)
-        overrides = self.topics.get(topic, {})
-        values = resolve_topic(self.cluster, overrides)
-        kwargs: dict[str, Any] = {TOPIC_FIELDS[name]: value for name, value in values.items()}
-        segment_bytes = int(values["segment.bytes"] or 0)
-        target = self.cluster["cloud_storage_segment_size_target"]
-        minimum = self.cluster["cloud_storage_segment_size_min"]
-        return TopicConfig(
-            topic=topic,
-            merge_target_bytes=int(target) if target is not None else segment_bytes,
-            merge_min_bytes=int(minimum) if minimum is not None else segment_bytes // 2,
-            overrides=frozenset(overrides),
-            **kwargs,
-        )
-
-    def local_capacity_percent(self) -> float:
-        """Target share of the disk for local log data: retention_local_target_capacity_percent,
-        or by default what the cache and the reservation leave (seed 001)."""
-        explicit = self.cluster["retention_local_target_capacity_percent"]
-        if explicit is not None:
-            return float(explicit)
-        cache = float(self.cluster["cloud_storage_cache_size_percent"] or 0)
-        reserved = float(self.cluster["disk_reservation_percent"] or 0)
-        return max(0.0, 100.0 - cache - reserved)
-
-    def store_settings(self) -> StoreSettings:
-        """What `tiered.store.open_store` needs, mapped from the cluster properties."""
-        from tiered.store.base import StoreSettings
-
-        c = self.cluster
-        return StoreSettings(
-            url=self.storage.url,
-            endpoint_url=self.storage.endpoint_url,
-            region=self.storage.region,
-            access_key=_plain(self.storage.access_key),
-            secret_key=_plain(self.storage.secret_key),
-            max_connections=int(c["cloud_storage_max_connections"] or 1),
-            initial_backoff_ms=int(c["cloud_storage_initial_backoff_ms"] or 1),
-            read_timeout_s=int(c["cloud_storage_segment_upload_timeout_ms"] or 1) / 1000,
-            allow_unconditional_writes=bool(c["cloud_storage_allow_unconditional_writes"]),
-        )
-
-    def effective(self, mask_secrets: bool = True) -> dict[str, Any]:
-        """Everything resolved, as JSON-ready plain values: unlimited shows as -1, secrets as
-        MASK unless `mask_secrets` is False. Topics show their effective values."""
-
-        def secret(value: str | None) -> str | None:
-            return None if value is None else MASK if mask_secrets else str(value)
-
-        s = self.storage
-        return {
-            "source": self.source,
-            "storage": {
-                "url": s.url,
-                "endpoint_url": s.endpoint_url,
-                "region": s.region,
-                "access_key": secret(s.access_key),
-                "secret_key": secret(s.secret_key),
-            },
-            "log": {"dirs": [str(p) for p in self.log_dirs], "retention": self.log_retention_mode},
-            "cache": {"dir": str(self.cache_dir)},
-            "cluster": {
-                p.name: _render(p.name, "cluster", self.cluster[p.name], mask_secrets)
-                for p in CLUSTER
-            },
-            "topics": {
-                topic: {
-                    name: _render(name, "topic", value, mask_secrets)
-                    for name, value in resolve_topic(self.cluster, overrides).items()
-                }
-                for topic, overrides in self.topics.items()
-            },
-        }
-
-
-def _plain(value: str | None) -> str | None:
-    return None if value is None else str(value)
-
-
-def _render(name: str, scope: Scope, value: Value, mask: bool) -> Value:
-    prop = REGISTRY[scope][name]
-    if value is None:
-        return -1 if prop.unlimited else None
-    if prop.secret:
-        return MASK if mask else str(value)
-    return value
-
+from tiered.config.units import describe
+from tiered.errors import ConfigError, TieredError
 
 # --- parsing ----------------------------------------------------------------------------------
 
@@ -532,7 +297,3 @@ def default_config(base_dir: Path) -> Config:
     return parse_config(data, source="<default config>", base_dir=base)
 
 
-# every TopicConfig field but the derived ones is a topic property: keep the two in step
-_DERIVED = {"topic", "merge_target_bytes", "merge_min_bytes", "overrides"}
-if {f.name for f in fields(TopicConfig)} - _DERIVED != set(TOPIC_FIELDS.values()):
-    raise RuntimeError("TopicConfig fields and tiered.properties.TOPIC are out of step")

@@ -17,7 +17,7 @@ Kafka preallocates the files of the *active* segment to `log.index.size.max.byte
 zeros and trims them when the segment rolls; readers of a live log dir pass `preallocated=True`
 so the zero tail ends the entries, exactly as `kafka-dump-log.sh` stops at the first entry
 (after the first) whose relative offset is 0. Index files are bounded by that size, so they are
-read whole; the `.log` beside them is not (see `tiered.segment`).
+read whole; the `.log` beside them is not (see `tiered.kafka.segment`).
 """
 
 from __future__ import annotations

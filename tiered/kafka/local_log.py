@@ -27,7 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiered.checkpoints import (
+from tiered.errors import TieredError
+from tiered.kafka.checkpoints import (
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     PARTITION_METADATA,
@@ -41,8 +42,7 @@ from tiered.checkpoints import (
     read_offset_checkpoint,
     read_partition_metadata,
 )
-from tiered.errors import TieredError
-from tiered.segment import Segment, parse_segment_file_name
+from tiered.kafka.segment import Segment, parse_segment_file_name
 
 __all__ = ["LocalLog", "PartitionLog", "ScanResult", "TopicPartition"]
 

@@ -1,7 +1,7 @@
 """Write a partition's log the way a Kafka broker does: test data, the demo, and rebuilt logs.
 
 `LogWriter` appends record batches to `{base offset:020d}.log`, fills `.index` / `.timeindex`
-with Kafka's rule (`tiered.index.IndexBuilder`), and rolls to a new segment exactly when
+with Kafka's rule (`tiered.kafka.index.IndexBuilder`), and rolls to a new segment exactly when
 Kafka's LogSegment.shouldRoll would, before the batch that triggers it:
 
 - size: the segment is non-empty and the batch would take it past `segment_bytes`;
@@ -17,7 +17,7 @@ fsync; the active segment's index files are either appended to entry by entry or
 
 Reopening a directory resumes its newest segment as Kafka's recovery does: a torn tail batch
 is cut off and that segment's indexes are rebuilt from its `.log`, so every index this writer
-leaves equals `tiered.segment.build_indexes` of its `.log`.
+leaves equals `tiered.kafka.segment.build_indexes` of its `.log`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from tiered.checkpoints import (
+from tiered.errors import TieredError
+from tiered.kafka.checkpoints import (
     LEADER_EPOCH_CHECKPOINT,
     PARTITION_METADATA,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -46,8 +47,7 @@ from tiered.checkpoints import (
     write_offset_checkpoint,
     write_partition_metadata,
 )
-from tiered.errors import TieredError
-from tiered.index import (
+from tiered.kafka.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
     DEFAULT_INDEX_SIZE_MAX_BYTES,
     INT32_MAX,
@@ -57,7 +57,7 @@ from tiered.index import (
     encode_offset_entry,
     encode_time_entry,
 )
-from tiered.records import (
+from tiered.kafka.records import (
     BatchHeader,
     Header,
     Record,
@@ -65,7 +65,7 @@ from tiered.records import (
     encode_batch,
     iter_batch_headers,
 )
-from tiered.segment import (
+from tiered.kafka.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,

@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
+from cache.reader import DEFAULT_MAX_BYTES, FetchResult, InvalidRequest, Reader, UnknownPartition
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
-from tiered.reader import DEFAULT_MAX_BYTES, FetchResult, InvalidRequest, Reader, UnknownPartition
-from tiered.records import Record
+from tiered.kafka.records import Record
 
 __all__ = ["FORMATS", "MAX_FETCH_BYTES", "Response", "handle_records", "jsonl_lines"]
 

@@ -2,7 +2,7 @@
 
 A segment is a sequence of batches. Each is a 61-byte header (`BATCH_HEADER`, one comment per
 field) followed by `recordsCount` records, compressed as one blob when the codec bits of the
-attributes are not 0 (`tiered.compression`):
+attributes are not 0 (`tiered.kafka.compression`):
 
     Record =>
       Length => Varint               bytes after this field to the end of the record
@@ -30,9 +30,9 @@ from typing import Any
 
 import crc32c
 
-from tiered.compression import CODECS_BY_ID, codec_by_id, codec_by_name
 from tiered.errors import CorruptSegmentError
-from tiered.varint import append_varint, append_varlong, decode_varint, decode_varlong
+from tiered.kafka.compression import CODECS_BY_ID, codec_by_id, codec_by_name
+from tiered.kafka.varint import append_varint, append_varlong, decode_varint, decode_varlong
 
 #: a segment or part of one: bytes, a bytearray being built, a memoryview or an mmap of the file
 Buffer = bytes | bytearray | memoryview | mmap.mmap

@@ -28,7 +28,7 @@ from typing import NamedTuple, TypeVar
 import crc32c
 
 from tiered.errors import CorruptSegmentError
-from tiered.index import (
+from tiered.kafka.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
     INT32_MAX,
     NO_TIMESTAMP,
@@ -37,7 +37,7 @@ from tiered.index import (
     OffsetIndex,
     TimeIndex,
 )
-from tiered.records import (
+from tiered.kafka.records import (
     LOG_OVERHEAD,
     MIN_BATCH_LENGTH,
     BatchHeader,

@@ -15,7 +15,7 @@ the manifest's CRC-32C of the object); the header walk still finds the batch, it
 
 The span logic (`take_batches`, `check_batches`) is shared by `LocalSegments.read` (a local
 segment through its `.index` and `LogFile`) and `RemoteSegments.read`, so both serve exactly
-the same batches; `tiered.reader` chains them across segments.
+the same batches; `cache.reader` chains them across segments.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from manifests import keys
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from tiered.errors import CorruptSegmentError
-from tiered.index import OffsetIndex, TimeIndex
-from tiered.local_log import PartitionLog
-from tiered.records import (
+from tiered.kafka.index import OffsetIndex, TimeIndex
+from tiered.kafka.local_log import PartitionLog
+from tiered.kafka.records import (
     BATCH_HEADER,
     MAGIC_V2,
     MIN_BATCH_LENGTH,
@@ -47,7 +47,7 @@ from tiered.records import (
     decode_batch,
     iter_batch_headers,
 )
-from tiered.segment import Segment, TimestampAndOffset
+from tiered.kafka.segment import Segment, TimestampAndOffset
 from tiered.store.base import ObjectStore
 from tiered.store.errors import ObjectNotFound
 

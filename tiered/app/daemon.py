@@ -16,7 +16,7 @@ several are due:
 Intervals run from the end of a job's run to its next start, so a slow round never causes a
 burst of catch-up runs.
 
-The same HTTP server serves the remote-read API (`tiered.http_api`,
+The same HTTP server serves the remote-read API (`tiered.app.http_api`,
 `GET /v1/topics/{topic}/partitions/{p}/records?offset=&max_bytes=&format=`) from one `Reader`
 built before the server starts and closed after it stops. The reader has its own store handle,
 opened without the conditional-write probe (reads need none), so it does not wait for the
@@ -50,8 +50,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tiered.errors import ConfigError, TieredError
-from tiered.metrics import (
+from tiered.app.metrics import (
     ArchiverCollector,
     DaemonState,
     JobCounters,
@@ -62,13 +61,14 @@ from tiered.metrics import (
     health_of,
     make_registry,
 )
+from tiered.config.units import format_size
+from tiered.errors import ConfigError, TieredError
 from tiered.store.errors import AccessDenied, ConditionalWritesUnsupported, StoreError
-from tiered.units import format_size
 
 if TYPE_CHECKING:
     from archiver.service import Archiver, ArchiverStats, PassReport
+    from cache.reader import Reader
     from tiered.config import Config
-    from tiered.reader import Reader
     from tiered.store.base import ObjectStore
 
 __all__ = [
@@ -83,7 +83,7 @@ __all__ = [
     "report_problems",
 ]
 
-log = logging.getLogger("tiered.daemon")
+log = logging.getLogger("tiered.app.daemon")
 
 DEFAULT_METRICS_HOST = "127.0.0.1"
 #: Redpanda's admin/metrics port, so dashboards built for it find us where they expect
@@ -96,7 +96,7 @@ CONNECT_BACKOFF_MIN_S = 1.0
 CONNECT_BACKOFF_MAX_S = 30.0
 #: a key HEAD-ed to tell "the store answers" from "it does not"; its absence is an answer
 HEALTH_PROBE_KEY = "_tiered/health-probe"
-#: the remote-read API's path prefix on the daemon's HTTP server (see tiered.http_api)
+#: the remote-read API's path prefix on the daemon's HTTP server (see tiered.app.http_api)
 RECORDS_PREFIX = "/v1/"
 
 
@@ -238,8 +238,8 @@ def open_reader(config: Config) -> Iterator[Reader]:
     Unlike `Reader.from_config` it opens the store without the conditional-write probe: a
     reader writes nothing, and the probe's PUTs would fail (stopping the daemon) whenever the
     store is down at start-up, while local and cached data could still be served."""
-    from tiered.local_log import LocalLog
-    from tiered.reader import Reader
+    from cache.reader import Reader
+    from tiered.kafka.local_log import LocalLog
     from tiered.store import open_store
 
     store = open_store(config.store_settings(), probe=False)
@@ -376,8 +376,8 @@ class Daemon:
             self.reader = None
 
     def _records(self, method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
-        """The `/v1/` route (HTTP threads): `tiered.http_api.handle_records` on the reader."""
-        from tiered.http_api import handle_records
+        """The `/v1/` route (HTTP threads): `tiered.app.http_api.handle_records` on the reader."""
+        from tiered.app.http_api import handle_records
 
         reader = self.reader
         if reader is None:  # a request that outlived the shutdown's drain

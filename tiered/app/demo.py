@@ -27,16 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tiered.checkpoints import (
+from tiered.config import Config, default_config
+from tiered.config.model import FrozenMap
+from tiered.config.properties import parse_table
+from tiered.config.units import format_size
+from tiered.errors import ConfigError, TieredError
+from tiered.kafka.checkpoints import (
     PARTITION_METADATA,
     TopicPartition,
     new_topic_id,
     read_partition_metadata,
 )
-from tiered.config import Config, FrozenMap, default_config
-from tiered.errors import ConfigError, TieredError
-from tiered.properties import parse_table
-from tiered.units import format_size
 
 if TYPE_CHECKING:
     from archiver.service import PassReport
@@ -189,7 +190,7 @@ def _write_partition(config: Config, log_dir: Path, partition: int, topic_id: uu
                      clock: Callable[[], float]) -> tuple[int, int, int, bool]:
     """Append this run's records to one partition and set its high watermark to the new log
     end; returns (records, bytes, segments rolled, whether the partition already had data)."""
-    from tiered.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+    from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 
     topic = config.topic_config(DEMO_TOPIC)
     directory = log_dir / f"{DEMO_TOPIC}-{partition}"
@@ -238,8 +239,8 @@ def run_demo(
 ) -> DemoResult:
     """Write, archive, trim and show; prints a few lines through `echo`."""
     from archiver.service import Archiver
-    from tiered.daemon import report_problems
-    from tiered.describe import render_rows, summary_line
+    from tiered.app.daemon import report_problems
+    from tiered.app.describe import render_rows, summary_line
     from tiered.store import open_store
 
     base = Path(base_dir).absolute()
@@ -296,7 +297,7 @@ def run_demo(
 
 def _oldest_segment(config: Config, partition: int) -> tuple[int, int, bytes] | None:
     """(partition, base offset, bytes) of the partition's oldest local segment."""
-    from tiered.local_log import LocalLog
+    from tiered.kafka.local_log import LocalLog
 
     part = LocalLog(config.log_dirs).partitions.get(TopicPartition(DEMO_TOPIC, partition))
     if part is None or not part.segments:
@@ -312,9 +313,9 @@ def read_back_segment(
     `Reader` (local log first, then the bucket through the chunk cache in `config.cache_dir`)
     and compare them with `written`, the segment's bytes as written. None when the local log
     still holds `base_offset`: the read would not touch the bucket, so it would prove nothing."""
-    from tiered.local_log import LocalLog
-    from tiered.reader import Reader
-    from tiered.records import iter_batch_headers
+    from cache.reader import Reader
+    from tiered.kafka.local_log import LocalLog
+    from tiered.kafka.records import iter_batch_headers
 
     local = LocalLog(config.log_dirs)
     part = local.partitions.get(TopicPartition(DEMO_TOPIC, partition))

@@ -24,13 +24,13 @@ from typing import Any
 import crc32c
 
 from tiered.errors import CorruptSegmentError, TieredError
-from tiered.index import (
+from tiered.kafka.index import (
     OFFSET_INDEX_ENTRY,
     TIME_INDEX_ENTRY,
     IndexEntry,
     TimeIndexEntry,
 )
-from tiered.records import (
+from tiered.kafka.records import (
     ATTRIBUTES_OFFSET,
     LOG_OVERHEAD,
     MAGIC_OFFSET,
@@ -41,7 +41,7 @@ from tiered.records import (
     decode_batch,
     read_batch_header,
 )
-from tiered.segment import (
+from tiered.kafka.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,

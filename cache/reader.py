@@ -18,7 +18,7 @@ Semantics follow Kafka's Fetch and ListOffsets:
   `RemoteReadDisabled` (an `OffsetOutOfRange`, as Kafka would answer) saying why.
 
 Where bytes come from: the local log when it still holds the offset (no store request at all);
-otherwise the segment objects through `cache.ChunkCache` (`tiered.segment_reads`: index
+otherwise the segment objects through `cache.ChunkCache` (`cache.segment_reads`: index
 positioning, chunk plan, header walk). Every byte returned is checked: record-batch CRC-32C on
 every piece served, and the object's CRC-32C from the manifest when a chunk is a whole segment.
 
@@ -41,25 +41,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.chunk_cache import ChunkCache
-from manifests import keys
-from manifests.commit import ManifestStore
-from manifests.manifest import PartitionManifest
-from manifests.spillover import ManifestSettings
-from manifests.topic import load_topic_manifest
-from tiered.checkpoints import TopicPartition, topic_id_to_str
-from tiered.config import Config
-from tiered.errors import OffsetOutOfRange, TieredError
-from tiered.index import NO_TIMESTAMP
-from tiered.local_log import LocalLog, PartitionLog
-from tiered.records import Record, RecordBatch, iter_batches
-from tiered.segment import TimestampAndOffset
-from tiered.segment_reads import (
+from cache.segment_reads import (
     LocalSegments,
     Lru,
     RemoteSegments,
     Span,
     local_offset_for_timestamp,
 )
+from manifests import keys
+from manifests.commit import ManifestStore
+from manifests.manifest import PartitionManifest
+from manifests.spillover import ManifestSettings
+from manifests.topic import load_topic_manifest
+from tiered.config import Config
+from tiered.errors import OffsetOutOfRange, TieredError
+from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
+from tiered.kafka.index import NO_TIMESTAMP
+from tiered.kafka.local_log import LocalLog, PartitionLog
+from tiered.kafka.records import Record, RecordBatch, iter_batches
+from tiered.kafka.segment import TimestampAndOffset
 from tiered.store.base import ObjectStore
 from tiered.store.errors import StoreError
 from tiered.topics import topic_name_problem

@@ -1,7 +1,7 @@
 """Record-batch compression codecs, chosen by Kafka's attribute id or by name.
 
 The low three bits of a v2 batch's `attributes` name the codec that compressed everything after
-the 61-byte batch header (`tiered.records`). Each codec here is a small stateless object with
+the 61-byte batch header (`tiered.kafka.records`). Each codec here is a small stateless object with
 `compress(bytes) -> bytes` and `decompress(bytes) -> bytes`, registered under its Kafka id and
 its `compression.type` name:
 
@@ -15,7 +15,7 @@ its `compression.type` name:
 snappy, lz4 and zstd run in `cramjam` (Rust), gzip in zlib (C): no codec loops in Python.
 
 Decompression failures are `CorruptSegmentError` without a position: the codec only sees the
-compressed payload, and `tiered.records` re-anchors the error at the batch that carried it.
+compressed payload, and `tiered.kafka.records` re-anchors the error at the batch that carried it.
 """
 
 from __future__ import annotations

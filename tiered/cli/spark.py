@@ -1,6 +1,6 @@
 """`tiered merge`, `tiered recover` and `tiered scrub`: the Spark maintenance commands.
 
-Registered on `tiered.cli.cli` by importing this module. The job modules (and pyspark) load
+Registered on `tiered.cli.main.cli` by importing this module. The job modules (and pyspark) load
 only inside the command bodies, so `tiered --help` and the daemon never need Spark, and a
 missing `spark` extra is one line saying how to install it (`require_pyspark`).
 """
@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from spark_jobs.common import JobContext, emit_summary
-from tiered.cli import cli, config_option, json_option
-from tiered.units import UnitError, format_size, parse_size
+from tiered.cli.main import cli, config_option, json_option
+from tiered.config.units import UnitError, format_size, parse_size
 
 master_option = click.option(
     "--master",

@@ -13,7 +13,7 @@ property of the seeds), or a string of one or more number-unit pairs, ``"500ms"`
 ``"15m"``, ``"1h30m"``, ``"7d"``, ``"2w"``.
 
 Negative values are refused here; Kafka's ``-1`` ("no limit") is the caller's business, because
-only some properties mean anything by it (see `tiered.properties`).
+only some properties mean anything by it (see `tiered.config.properties`).
 
 A percentage is a number from TOML or a string ``"20%"``; a boolean is TOML's true / false or
 the strings "true" / "false" that Kafka tools write; a choice is one of a fixed set of strings,

@@ -18,7 +18,7 @@ Writes go to `<file>.tmp`, are fsynced, renamed over the file and the directory 
 broker does, so a crash leaves the old file or the new one, never half of either.
 
 `TopicPartition` lives here because these files are where Kafka's on-disk format first names a
-partition; `tiered.local_log` re-exports it.
+partition; `tiered.kafka.local_log` re-exports it.
 """
 
 from __future__ import annotations

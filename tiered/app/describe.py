@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tiered.units import format_size
+from tiered.config.units import format_size
 
 __all__ = ["COLUMNS", "render_rows", "summary_line"]
 

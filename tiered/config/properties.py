@@ -11,7 +11,7 @@ wins when set; otherwise the cluster property it falls back to; otherwise the de
 values take Kafka's ``-1`` for "no limit", which parses to ``None``; ``None`` in a resolved value
 always means "no limit / not set", never "unknown".
 
-Everything here is pure data and pure functions; reading files is `tiered.config`'s job.
+Everything here is pure data and pure functions; reading files is `tiered.config.model`'s job.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from tiered.units import (
+from tiered.config.units import (
     UnitError,
     format_duration_ms,
     format_size,
@@ -538,4 +538,4 @@ def check_registry() -> list[str]:
 
 _problems = check_registry()
 if _problems:  # pragma: no cover - caught by tests/test_config.py before it ships
-    raise RuntimeError("tiered.properties registry is inconsistent: " + "; ".join(_problems))
+    raise RuntimeError("tiered.config.properties registry is inconsistent: " + "; ".join(_problems))

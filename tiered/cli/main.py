@@ -143,7 +143,7 @@ def log_dump(path: Path, records: bool, as_json: bool) -> None:
     Like kafka-dump-log.sh: one line per batch with offsets, count, timestamps, size and CRC
     status. Exits 1 when any batch fails its CRC or the file is truncated or malformed.
     """
-    from tiered.dump import dump_file
+    from tiered.kafka.dump import dump_file
 
     report = dump_file(path, records=records)
     if as_json:
@@ -155,15 +155,15 @@ def log_dump(path: Path, records: bool, as_json: bool) -> None:
         sys.exit(1)
 
 # Commands defined elsewhere register themselves on `cli` when imported.
-import spark_jobs.cli  # noqa: E402,F401 - merge, recover, scrub
-import tiered.cli_fetch  # noqa: E402,F401 - fetch
-import tiered.commands  # noqa: E402,F401 - run, archive, describe-storage, demo
+import tiered.cli.commands  # noqa: E402,F401 - run, archive, describe-storage, demo
+import tiered.cli.fetch  # noqa: E402,F401 - fetch
+import tiered.cli.spark  # noqa: E402,F401 - merge, recover, scrub
 
 
-def main() -> None:
-    """Console-script entry point."""
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (`argv`: the arguments, default the process's)."""
     try:
-        cli(prog_name="tiered")
+        cli.main(args=argv, prog_name="tiered")
     finally:
         # the process ends here: take every object out of the collector's sight, so the
         # interpreter's final collection does not walk them all (0.1 s after an upload pass,
@@ -173,8 +173,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # `python -m tiered.cli` runs this file as __main__, a second copy of the module: the
-    # commands registered themselves on `tiered.cli.cli`, so run that one.
-    from tiered.cli import main as _main
+    # `python -m tiered.cli.main` runs this file as __main__, a second copy of the module: the
+    # commands registered themselves on `tiered.cli.main.cli`, so run that one.
+    from tiered.cli.main import main as _main
 
     _main()

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import click
 
-from tiered.cli import cli, config_option
+from tiered.cli.main import cli, config_option
 
 log = logging.getLogger("tiered.fetch")
 
-#: Kafka's max.partition.fetch.bytes default (tiered.reader.DEFAULT_MAX_BYTES, repeated here so
+#: Kafka's max.partition.fetch.bytes default (cache.reader.DEFAULT_MAX_BYTES, repeated here so
 #: importing the CLI does not import the reader and the cache)
 _DEFAULT_MAX_BYTES = 1 << 20
 
@@ -42,9 +42,9 @@ def fetch_command(config_path: Path, topic: str, partition: int, offset: int, ma
     Served from the local log when it still holds the offset, otherwise from the bucket
     through the chunked read cache.
     """
+    from cache.reader import Reader
+    from tiered.app.http_api import FORMATS
     from tiered.config import load_config
-    from tiered.http_api import FORMATS
-    from tiered.reader import Reader
 
     config = load_config(config_path)
     with Reader.from_config(config) as reader:

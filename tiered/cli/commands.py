@@ -1,8 +1,8 @@
 """The archiver's commands on the `tiered` group: `run`, `archive --once`, `describe-storage`
-and `demo`. Importing this module registers them (tiered.cli imports it once).
+and `demo`. Importing this module registers them (tiered.cli.main imports it once).
 
 Each command builds what it needs from the configuration and hands the work to the module
-that owns it (`tiered.daemon`, `archiver.service`, `tiered.demo`); here are only options,
+that owns it (`tiered.app.daemon`, `archiver.service`, `tiered.app.demo`); here are only options,
 output and exit codes: 0 on success, 1 when a pass reported a problem, and the error's own
 code for a `TieredError` (2 for configuration, 5 for the object store, ...).
 """
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from tiered.cli import cli, config_option, json_option
-from tiered.daemon import (
+from tiered.app.daemon import (
     DEFAULT_METRICS_HOST,
     DEFAULT_METRICS_PORT,
     check_log_dirs,
     report_problems,
 )
+from tiered.cli.main import cli, config_option, json_option
 
 if TYPE_CHECKING:
     from archiver.service import Archiver, PassReport
@@ -99,7 +99,7 @@ def run_command(config_path: Path, metrics_host: str, metrics_port: int) -> None
     The HTTP port has no authentication and serves record data: keep --metrics-host on
     loopback (the default) unless a proxy in front of it controls access.
     """
-    from tiered.daemon import Daemon, DaemonOptions
+    from tiered.app.daemon import Daemon, DaemonOptions
 
     config = _load(config_path, "run")
     daemon = Daemon(config, DaemonOptions(metrics_host=metrics_host, metrics_port=metrics_port))
@@ -123,7 +123,7 @@ def report_json(report: PassReport) -> dict[str, Any]:
 
 
 def _report_lines(report: PassReport, url: str) -> list[str]:
-    from tiered.units import format_size
+    from tiered.config.units import format_size
 
     uploaded = [p for p in report.partitions if p.uploaded_segments]
     segments = sum(p.uploaded_segments for p in uploaded)
@@ -207,7 +207,7 @@ def _check_topic(ctx: click.Context, param: click.Parameter, value: str | None) 
 def describe_storage_command(config_path: Path, topic: str | None, as_json: bool) -> None:
     """Per partition: what is on local disk, what is in the bucket, what waits for upload,
     and the offset below which local deletion is safe. Reads only; changes nothing."""
-    from tiered.describe import render_rows, summary_line
+    from tiered.app.describe import render_rows, summary_line
 
     config = _load(config_path, "describe-storage")
     with _archiver(config, probe=False) as archiver:
@@ -232,7 +232,7 @@ def describe_storage_command(config_path: Path, topic: str | None, as_json: bool
 def demo_command(base_dir: Path) -> None:
     """Write a sample topic, archive it to a local-directory bucket, trim local retention,
     and show what is local and what is remote. No server needed; runs again to add more."""
-    from tiered.demo import run_demo
+    from tiered.app.demo import run_demo
 
     result = run_demo(base_dir, echo=click.echo)
     sys.exit(0 if result.ok else 1)

@@ -1,0 +1,5 @@
+"""`python -m tiered.cli`."""
+
+from tiered.cli.main import main
+
+main()

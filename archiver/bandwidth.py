@@ -6,7 +6,7 @@ The store's `put_file` streams a whole object in one call, so the limiter works 
 an upload takes its size in tokens up front, and the bucket may go into debt for an object
 larger than its capacity, the *next* upload then waiting until the debt is paid. The average
 rate over any window longer than one object is therefore the configured rate, which is what the
-upload controller's budget asks for (seed 001: shares set the write path's bandwidth). The
+upload controller's budget asks for (in Redpanda, shares set the write path's bandwidth). The
 clock and sleep are injected so tests run without real time.
 """
 

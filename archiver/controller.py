@@ -1,5 +1,5 @@
 """The upload backlog controller: a PD controller that raises the write path's priority when
-data waiting for upload piles up on local disk (seed 001, "Upload backlog controller").
+data waiting for upload piles up on local disk (Redpanda's "Upload backlog controller").
 
 Same shape as Redpanda's backlog controller, written as a pure function over explicit state:
 

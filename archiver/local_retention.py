@@ -5,7 +5,7 @@ advise mode, only reporting what could go.
 (`space.plan_local_retention`) and, under disk pressure, the five space-management phases
 (`space.plan_space_management`, round robin, the cursor carried between passes) pick closed
 segments; each is deleted only after a last check that the *committed* manifest covers its
-last offset (DESIGN invariant 2: the policy already guarantees it, this is the edge refusing
+last offset (design invariant 2: the policy already guarantees it, this is the edge refusing
 to trust a view built elsewhere). All of a segment's files go (`.log` first, so a crash in
 between never leaves a segment without its data but with an index claiming it), and the log
 dir's `log-start-offset-checkpoint` is moved to the new first segment.
@@ -148,7 +148,7 @@ def enforce(
             continue
         uploaded = view.uploaded_last_offset
         if not view.remote_write or uploaded is None or d.segment.last_offset > uploaded:
-            # invariant 2 at the edge: never reached when the policy is right
+            # design invariant 2 at the edge: never reached when the policy is right
             result.errors.append(f"{d.topic}/{d.partition}: refused to delete segment "
                                  f"{d.segment.base_offset}: not covered by a committed manifest")
             continue

@@ -90,7 +90,7 @@ class ArchiverStats:
     backlog_ratio: float = 0.0
     controller_error: float = 0.0
     controller_shares: int = 0
-    #: seed 000's free-space alert: 0 ok, 1 low space, 2 degraded
+    #: Redpanda's free-space alert: 0 ok, 1 low space, 2 degraded
     disk_alert_state: int = 0
     remote_deleted_objects_total: int = 0
     local_deleted_segments_total: int = 0

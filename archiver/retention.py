@@ -1,11 +1,11 @@
 """Remote retention and garbage collection of one partition's objects in the bucket.
 
-Retention (seed 001 "Set retention limits"): `retention.ms` and `retention.bytes` (the topic's,
+Retention (Redpanda's "Set retention limits"): `retention.ms` and `retention.bytes` (the topic's,
 else the cluster's `log_retention_ms` / `retention_bytes`) both apply at once and the one that
 removes more wins, measured over the whole cloud log, archived manifests included
 (`retention_start_offset`, a pure function over the segments oldest first).
 
-Order of effects (DESIGN invariant 7, seed 001 "Object storage housekeeping"):
+Order of effects (design invariant 7, Redpanda's "Object storage housekeeping"):
 
 1. the manifest's start offset moves first (a compare-and-swap commit); head segments below it
    move to the manifest's `replaced` list, stamped with the time;
@@ -14,7 +14,7 @@ Order of effects (DESIGN invariant 7, seed 001 "Object storage housekeeping"):
 3. archived manifests wholly below the start are deleted with every object they list once
    they have been seen expired for the grace period, then dropped from the head;
 4. orphans (objects under the partition's prefixes that no manifest names: crash leftovers,
-   uploads whose commit lost, invariant 8) older than the grace period are deleted.
+   uploads whose commit lost, design invariant 8) older than the grace period are deleted.
 
 The grace period lets in-flight readers of a dropped object finish and keeps GC away from an
 object a writer has uploaded but not yet committed.

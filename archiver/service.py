@@ -12,7 +12,7 @@ fencing) and runs the passes the daemon schedules and `tiered archive --once` ru
 * `update_controller` turns the upload backlog into shares and the upload budget.
 
 A fault in one partition is reported in that partition's `PartitionReport` and never stops the
-others (DESIGN invariant 9). Thread model: the passes may be called from different threads;
+others (design invariant 9). Thread model: the passes may be called from different threads;
 each partition's state is guarded by its own lock, and upload threads come from executors
 created per round with the current budget.
 """

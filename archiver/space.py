@@ -4,12 +4,12 @@ Inputs are plain views of the local log (`PartitionView`), disk numbers (`DiskIn
 cluster properties (`SpaceParams`); outputs are `Deletion` values the daemon carries out. No
 function here touches a file, the bucket or the clock (`now_ms` is passed in).
 
-The safety gate (DESIGN.md invariant 2): a segment is deletable only when remote write is on
+The safety gate (design invariant 2): a segment is deletable only when remote write is on
 for its topic and the committed manifest covers its last offset (`uploaded_last_offset`); the
 active segment never is. Topics without remote write are the broker's own business: tiered
 has no copy of their data, so nothing here ever deletes from them.
 
-`plan_space_management` walks seed 000's five phases of data removal (see docs/archiver.md
+`plan_space_management` walks Redpanda's five phases of data removal (see docs/archiver.md
 for how each is read) in order, one segment per partition per turn (round robin), until log
 usage is back under its target. A shortfall is a value (`SpaceOutcome`), never an exception.
 """
@@ -103,8 +103,8 @@ class DiskInfo:
 
 @dataclass(frozen=True, slots=True)
 class SpaceParams:
-    """Cluster properties of local retention and space management (seed 000 / 001 defaults);
-    validates itself when built."""
+    """Cluster properties of local retention and space management (Redpanda's defaults,
+    docs/configuration.md); validates itself when built."""
 
     retention_local_target_capacity_bytes: int | None = None
     retention_local_target_capacity_percent: float | None = None
@@ -147,7 +147,7 @@ class SpaceParams:
         The smaller of `retention_local_target_capacity_bytes` and
         `retention_local_target_capacity_percent` of the disk, whichever are set, and never
         more than what is left after `disk_reservation_percent` and the cache's reservation
-        (which is also the default when neither is set, as seed 001 says)."""
+        (which is also the default when neither is set, as Redpanda's tiered storage says)."""
         reserved = disk.total_bytes * self.disk_reservation_percent / 100
         headroom = max(0, int(disk.total_bytes - reserved - disk.cache_reserved_bytes))
         target = headroom
@@ -198,7 +198,7 @@ class Deletion:
 
 def safe_delete_below(partition: PartitionView) -> int:
     """Exclusive offset bound of what may be deleted locally: every closed segment ending
-    below it is covered by the committed manifest (invariant 2). It is the log start offset
+    below it is covered by the committed manifest (design invariant 2). It is the log start offset
     when nothing is (remote write off, empty manifest), and never past the active segment."""
     bound = partition.log_start_offset
     for seg in partition.segments[: _safe_count(partition)]:
@@ -221,8 +221,8 @@ def _safe_count(p: PartitionView) -> int:
 def _beyond(p: PartitionView, limits: RetentionLimits, now_ms: int) -> int:
     """How many of the oldest closed segments are past `limits`: by time, while every record
     of a segment is older than `ms` (Kafka stops at the first segment that is not); by size,
-    oldest first until the partition is back at or under `bytes` (seed 000). Both apply; the
-    one that removes more wins."""
+    oldest first until the partition is back at or under `bytes` (as Redpanda does). Both apply;
+    the one that removes more wins."""
     by_time = 0
     if limits.ms is not None:
         for seg in p.segments:
@@ -389,7 +389,7 @@ def _phase_order(
     if phase is not Phase.RETENTION:
         return rotated
 
-    # seed 000: retention is applied first to the partitions that free the most
+    # as Redpanda documents: retention is applied first to the partitions that free the most
     def expired_bytes(i: int) -> int:
         return sum(s.size_bytes for s in partitions[i].segments[: bounds[i][Phase.RETENTION]])
 
@@ -397,7 +397,7 @@ def _phase_order(
 
 
 class DiskAlert(enum.IntEnum):
-    """`redpanda_storage_disk_free_space_alert` values (seed 000)."""
+    """`redpanda_storage_disk_free_space_alert` values (Redpanda's default)."""
 
     OK = 0
     LOW_SPACE = 1  # free space under the alert threshold: warn

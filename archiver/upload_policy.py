@@ -5,7 +5,7 @@ active segment, high watermark / last stable offset) and what the archiver knows
 (`ArchivalState`: the committed manifest's last offset, when it last uploaded), and returns an
 `UploadPlan`. It reads no file and no clock; the archiver does the I/O around it.
 
-Rules (invariant 3 of DESIGN.md, seed 001 "Remote write" / "Idle timeout"):
+Rules (design invariant 3, Redpanda's "Remote write" / "Idle timeout"):
 
 * only closed segments whose last offset is below the stable end (min of high watermark and
   last stable offset, both exclusive) are uploaded, oldest first, at most
@@ -13,7 +13,7 @@ Rules (invariant 3 of DESIGN.md, seed 001 "Remote write" / "Idle timeout"):
 * the active segment never, except the idle-timeout upload of its stable prefix: whole batches
   below the stable end, once `cloud_storage_segment_max_upload_interval_sec` has passed since
   the last upload;
-* uploads continue the manifest exactly at `manifest_last_offset + 1` (invariant 4); when the
+* uploads continue the manifest exactly at `manifest_last_offset + 1` (design invariant 4); when the
   next local data starts later, that is a `GAP` (local retention removed data before it was
   uploaded), reported as a value, never skipped over silently.
 
@@ -35,7 +35,7 @@ from tiered.errors import ConfigError, TieredError
 class PolicyInputError(TieredError, ValueError):
     """The data handed to a pure archiver policy is inconsistent (overlapping segments, a
     negative size, ...): a bug in whoever built the view, or a damaged log directory. The
-    daemon reports it for that partition and keeps serving the others (invariant 9)."""
+    daemon reports it for that partition and keeps serving the others (design invariant 9)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """One partition's upload round: plan, verify, upload the objects, then commit the manifest.
 
-Order of effects (DESIGN invariants 1, 3, 5, 6):
+Order of effects (design invariant 1, 3, 5, 6):
 
 1. `upload_policy.plan_uploads` picks the candidates (closed segments past the manifest, below
    the stable end, oldest first; the active segment's stable prefix on idle timeout);

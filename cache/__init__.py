@@ -1,5 +1,5 @@
 """The remote-read cache: chunk files on disk, size and object accounting, trimming and chunk
-eviction strategies (issue 5).
+eviction strategies.
 
     chunks       chunk layout of a segment on batch boundaries; which chunks a range needs
     chunk_cache  ChunkCache / SegmentHandle: ranged chunk downloads, single-flight, read-ahead

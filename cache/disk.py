@@ -1,6 +1,6 @@
 """The cache directory on disk: chunk paths, atomic writes, and the rebuild after a restart.
 
-Layout (seed 001): a chunk of segment object `key` starting at byte `s` lives at
+Layout (as Redpanda's chunk cache): a chunk of segment object `key` starting at byte `s` lives at
 `{cache dir}/{key}_chunks/{s}`; a whole segment (chunk reads disabled) at `{cache dir}/{key}`.
 Files appear only complete: bytes go to a temporary file beside the target, then `os.replace`.
 Each file is checksummed per `BLOCK` bytes (CRC-32C), so a read checks only the blocks it

@@ -4,7 +4,7 @@
 A strategy makes two decisions, both pure functions of a snapshot the cache hands it:
 
 * `release(segment)`: which hydrated chunks of one segment to give back *voluntarily* once a
-  reader lets go of one (seed 001's chunk eviction): `eager` releases every chunk no reader
+  reader lets go of one (Redpanda's chunk eviction): `eager` releases every chunk no reader
   holds, `capped` and `predictive` only down to the per-segment cap, `lru` nothing.
 * `victim_order(chunks)`: in which order the cache trims unheld chunks when it needs room.
   Least recently used first for every strategy but `predictive`, which ranks by its readers'

@@ -1,5 +1,5 @@
 """The remote-read API: fetch record batches by offset or timestamp, local log first, then the
-bucket through the chunked read cache (DESIGN "remote read", invariants 5 and 9).
+bucket through the chunked read cache (design: remote read; invariants 5 and 9).
 
 Semantics follow Kafka's Fetch and ListOffsets:
 
@@ -82,7 +82,7 @@ DEFAULT_MAX_BYTES = 1 << 20
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 #: seconds a loaded head manifest / resolved revision / local-log scan stays fresh; a consumer
-#: polling every few ms must not cost two GETs per poll, and invariant 7's grace period keeps
+#: polling every few ms must not cost two GETs per poll, and design invariant 7's grace period keeps
 #: objects a slightly stale manifest names readable
 METADATA_TTL_S = 1.0
 

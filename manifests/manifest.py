@@ -39,7 +39,7 @@ class PartitionManifest:
     partition: int
     #: topic id / revision: a recreated topic gets a new one, so keys never collide
     revision: str
-    #: term of the writer that committed it; only grows (fencing, DESIGN invariant 6)
+    #: term of the writer that committed it; only grows (fencing, design invariant 6)
     term: int = 0
     #: commit counter, +1 per commit: no two committed versions have equal bytes
     sequence: int = 0

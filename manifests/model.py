@@ -69,7 +69,8 @@ class SegmentMeta:
 @dataclass(frozen=True, slots=True)
 class ReplacedSegment:
     """A segment a merge, a compacted re-upload or retention dropped from the manifest; its
-    objects are deleted once the grace period after `replaced_at` has passed (invariant 7)."""
+    objects are deleted once the grace period after `replaced_at` has passed (design
+    invariant 7)."""
 
     segment: SegmentMeta
     #: when the manifest dropping it was built, ms since the epoch

@@ -13,7 +13,7 @@ there need at most one archived-manifest read per cold lookup; each further leve
 the reach by ~900 and costs one more read. Measured: `benchmarks/manifest_scale.py`.
 
 `plan_spill` returns the new head and the archived manifests to upload *before* the head is
-committed (DESIGN invariant 1); leaves come before the index nodes that list them.
+committed (design invariant 1); leaves come before the index nodes that list them.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ FOLD_SLACK = 256
 class ManifestSettings:
     """The manifest layer's configuration, in bytes."""
 
-    #: `cloud_storage_spillover_manifest_size` (seed 001's
+    #: `cloud_storage_spillover_manifest_size` (Redpanda's tiered storage's
     #: `cloud_storage_target_manifest_size_bytes`)
     spillover_size: int = DEFAULT_SPILLOVER_SIZE
     #: `cloud_storage_manifest_cache_size`: memory for materialized archived manifests

@@ -1,3 +1,3 @@
-"""PySpark maintenance jobs over a whole bucket: merge, recover, scrub (issue 6).
+"""PySpark maintenance jobs over a whole bucket: merge, recover, scrub.
 
 Importing this package must not import pyspark: the daemon installs without the `spark` extra."""

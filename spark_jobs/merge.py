@@ -1,4 +1,5 @@
-"""Adjacent-segment merging on Spark (`tiered merge`; also `spark-submit spark_jobs/submit.py merge`).
+"""Adjacent-segment merging on Spark (`tiered merge`, or `spark-submit spark_jobs/submit.py
+merge`).
 
 The driver loads each partition's head manifest and plans runs (`merge_plan.plan_runs`).
 Executors (`merge_exec.merge_run`) download every segment of a run, check each object's size
@@ -7,13 +8,13 @@ batches carry absolute offsets, so they stay valid), rebuild the `.index`/`.time
 re-checks every batch CRC), and upload the merged object under a name no object has had:
 `{base}-{last}-{term}-{generation}.log` created with If-None-Match, the generation bumped past
 any leftover of an earlier attempt. Indexes go up after the segment claimed its name; the
-manifest only after both (invariant 1).
+manifest only after both (design invariant 1).
 
 The driver then commits each partition with compare-and-swap (`ops.replace_segments`): the
 merged-away segments move to `replaced` and are deleted by garbage collection after the grace
-period (invariant 7). A lost race (the daemon committed meanwhile, or a newer term did) re-reads
-the manifest and re-applies every run whose segments it still lists unchanged; nothing is ever
-overwritten. Merged objects whose run no longer applies were never named by any manifest, so
+period (design invariant 7). A lost race (the daemon committed meanwhile, or a newer term did)
+re-reads the manifest and re-applies every run whose segments it still lists unchanged; nothing is
+ever overwritten. Merged objects whose run no longer applies were never named by any manifest, so
 they are deleted at once; partitions that had such runs are planned again, up to
 `MAX_ROUNDS`. If a commit's outcome is unknown (a store error) nothing is deleted: garbage
 collection's orphan scan finds what is left.

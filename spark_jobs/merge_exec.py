@@ -164,7 +164,7 @@ def _claim_name(store: ObjectStore, task: RunTask, data: bytes) -> tuple[str, st
 def merge_run(store: ObjectStore, task: RunTask) -> RunResult:
     """Executor side: merge one run and upload it with its indexes. Failures (corrupt source,
     store fault) come back in the result rather than failing the Spark task, so one bad run
-    does not stop the others; nothing corrupt is ever uploaded (invariant 5)."""
+    does not stop the others; nothing corrupt is ever uploaded (design invariant 5)."""
     scan = _Scan()
     read = 0
     uploaded: list[str] = []

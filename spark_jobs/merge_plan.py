@@ -17,7 +17,7 @@ Seed 001's rules ("Adjacent segment merging"):
 Only the segments listed in the head manifest are planned. Archived manifests are immutable
 (`ops.replace_segments` refuses their offsets) and what they describe was already spilled,
 so the memory merging saves is the head's; runs therefore never cross into archived history.
-Compacted topics are not merged (seed 001: their segments are re-uploaded after compaction).
+Compacted topics are not merged (in Redpanda their segments are re-uploaded after compaction).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `walk_object` reads one segment object in ranged GETs of `CHUNK_BYTES`, checking every record
 batch (bounds, magic, CRC-32C) and computing the CRC-32C of the whole object as it goes, so
 an executor never holds more than a chunk and a batch however large the segment; scrub,
-recovery and the manifest rebuild all read objects through it (DESIGN invariant 5).
+recovery and the manifest rebuild all read objects through it (design invariant 5).
 `run_tasks` runs such work over the executors with a progress line.
 """
 

@@ -10,7 +10,7 @@
    the highest: the fewest objects (a merged object over the originals it replaced), then the
    newest writers'. What the chain does not need (retry or merge leftovers) is reported as
    orphans for scrub and garbage collection; a hole is reported and nothing is committed for
-   that partition, never guessed across (DESIGN invariant 4).
+   that partition, never guessed across (design invariant 4).
 4. The driver commits each head by compare-and-swap: If-None-Match for a lost head, If-Match
    on the ETag of an unreadable one (whose bytes are first copied to
    `manifest.json.corrupt-{etag}` for inspection), and recreates lost topic manifests.
@@ -294,7 +294,7 @@ def rebuild_manifests(ctx: JobContext, *, topic: str | None) -> dict[str, Any]:
             for ref, items in sorted(grouped.items())]
     made, problems = _rebuild_topics(ctx, by_ref)
     errors = [f"{r['partition']}: {r['error']}" for r in rows if "error" in r] + problems
-    # an unusable object is reported even when the chain did not need it (invariant 5)
+    # an unusable object is reported even when the chain did not need it (design invariant 5)
     errors += [f"{r['partition']}: unusable object: {c}" for r in rows for c in r["corrupt"]]
     return {
         "ok": not errors,

@@ -1,4 +1,4 @@
-"""Recovery from the bucket (`tiered recover`), on Spark: seed 001's topic recovery
+"""Recovery from the bucket (`tiered recover`), on Spark: Redpanda's topic recovery
 (`redpanda.remote.recovery`) and the rebuilding of lost or corrupt manifests.
 
 **Recover a topic** into a Kafka log dir: the driver reads the topic manifest and each

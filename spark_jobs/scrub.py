@@ -6,10 +6,10 @@ finds missing objects, objects of the wrong size, gaps and overlaps between cons
 segments, and orphans: objects under the partition's prefixes that no manifest names. The
 executors then stream every named segment object (ranged GETs of `objects.CHUNK_BYTES`) and check
 the manifest's CRC-32C of the whole object and every record batch's own CRC-32C (DESIGN
-invariant 5), so a flipped byte is named with its object key and byte position.
+design invariant 5), so a flipped byte is named with its object key and byte position.
 
 Not anomalies, reported separately: objects in the manifest's `replaced` list (a merge or
-retention dropped them; garbage collection deletes them after the grace period, invariant 7)
+retention dropped them; garbage collection deletes them after the grace period, design invariant 7)
 and unreferenced objects younger than the grace period (an upload whose commit may still be
 in flight). `--delete-orphans` deletes orphans older than `cloud_storage_gc_grace_period_ms` by the
 rules garbage collection follows (`manifests.collect`, docs/format.md): decided afresh from

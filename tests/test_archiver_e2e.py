@@ -1,6 +1,6 @@
 """The archiver end to end against moto's S3 over HTTP: a multi-partition log is archived with
 every closed segment in the manifest exactly once, contiguous, and byte-identical to the local
-files (invariants 1, 3, 4); the active segment stays local; topic manifests are written.
+files (design invariant 1, 3, 4); the active segment stays local; topic manifests are written.
 
 The helpers here (config, log writing, a fake clock and disk) are shared by the other
 `test_archiver_*` modules."""

@@ -1,4 +1,4 @@
-"""Remote retention and garbage collection against moto (DESIGN invariants 7 and 8): retention
+"""Remote retention and garbage collection against moto (design invariant 7 and 8): retention
 by time, by size and both (the larger removal wins), over archived manifests too; the start
 offset moves first and objects go only after the grace period; orphans a crash left behind
 are found and deleted once older than the grace period, and nothing referenced ever is."""

@@ -1,4 +1,4 @@
-"""Local retention and space management at the edge (DESIGN invariant 2): a local segment is
+"""Local retention and space management at the edge (design invariant 2): a local segment is
 deleted only when a committed manifest covers it, even with the bucket down and the disk far
 over its target; advise mode never deletes; topics without remote write are left alone."""
 

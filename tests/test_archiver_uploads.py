@@ -1,4 +1,4 @@
-"""What the uploader sends and when (invariants 3 and 5): a corrupt closed segment is refused
+"""What the uploader sends and when (design invariant 3 and 5): a corrupt closed segment is refused
 and reported while other partitions go on; the idle timeout uploads the active segment's
 stable prefix as its own object and the rest follows as a suffix; failed uploads are never
 recorded; the bandwidth limiter holds the configured rate."""

@@ -1,4 +1,4 @@
-"""Several writers on one partition (DESIGN invariant 6): a stale term is fenced and stops,
+"""Several writers on one partition (design invariant 6): a stale term is fenced and stops,
 a same-term race re-reads the head instead of overwriting it, and in every case no segment
 is lost or listed twice."""
 

@@ -1,5 +1,5 @@
 """`tiered archive --once` and `tiered describe-storage` through the CLI: exit codes, JSON
-shapes, a corrupt segment (invariants 5 and 9), and refusal of configs without log dirs."""
+shapes, a corrupt segment (design invariant 5 and 9), and refusal of configs without log dirs."""
 
 from __future__ import annotations
 

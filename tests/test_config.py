@@ -426,13 +426,13 @@ def test_cleanup_policy_forms_are_normalised(in_tmp: Path) -> None:
     assert config.topic_config("a").cleanup_policy == "compact,delete"
     assert config.topic_config("b").cleanup_policy == "compact,delete"
     assert config.topic_config("a").remote_retention_applies
-    # seed 001: with compact alone, retention deletes nothing from object storage
+    # as Redpanda documents: with compact alone, retention deletes nothing from object storage
     assert not config.topic_config("c").remote_retention_applies
 
 
 # --- precedence ----------------------------------------------------------------------------------
 
-# seed 001's tables: (cluster default, topic setting or None for "not set", outcome)
+# Redpanda's tables: (cluster default, topic setting or None for "not set", outcome)
 SEED_001_REMOTE_TABLE = [
     (True, None, True),
     (True, False, False),
@@ -468,10 +468,10 @@ def test_topic_override_beats_cluster_default_beats_property_default(in_tmp: Pat
     assert orders.retention_bytes == 10 * 1024**3  # cluster
     assert orders.segment_bytes == 64 * MiB  # topic
     assert orders.index_interval_bytes == 4096  # property default via the cluster
-    assert orders.remote_delete is True  # topic property's own default (seed 001)
+    assert orders.remote_delete is True  # topic property's own default (Redpanda's default)
     assert orders.overrides == {"segment.bytes", "retention.ms"}
     assert not orders.local_retention_explicit
-    # merging: target is the topic's segment size, minimum half of it (seed 001)
+    # merging: target is the topic's segment size, minimum half of it (Redpanda's default)
     assert (orders.merge_target_bytes, orders.merge_min_bytes) == (64 * MiB, 32 * MiB)
     other = config.topic_config("payments")
     assert other.segment_bytes == 256 * MiB

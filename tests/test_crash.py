@@ -1,11 +1,11 @@
-"""Crash safety (DESIGN invariant 8): `tiered run` is killed with SIGKILL at random moments while
+"""Crash safety (design invariant 8): `tiered run` is killed with SIGKILL at random moments while
 it uploads to moto's S3 server, many times, with the log growing between restarts.
 
 After every kill the committed manifests must already be sound -- every object they name is in
-the bucket with the recorded size and CRC-32C (invariant 1), offsets are contiguous and no
-segment appears twice (invariant 4), and every local segment that is gone is covered by them
-(invariant 2). After a final clean `tiered archive --once` (zero GC grace period) every closed
-segment is in the bucket exactly once and no object is left that no manifest names (8).
+the bucket with the recorded size and CRC-32C (design invariant 1), offsets are contiguous and no
+segment appears twice (design invariant 4), and every local segment that is gone is covered by them
+(design invariant 2). After a final clean `tiered archive --once` (zero GC grace period) every
+closed segment is in the bucket exactly once and no object is left that no manifest names (8).
 
 Set TIERED_CRASH_SEED to replay a run; the seed is printed on failure.
 """
@@ -98,7 +98,8 @@ def _check_manifests(store: ObjectStore, mstore: ManifestStore, log_dir: Path,
             assert b.base_offset == a.last_offset + 1, f"{where}: p{p}: gap/overlap at {a}, {b}"
         for s in segs:
             key = m.segment_key(s)
-            if (key, s.checksum) not in verified:  # invariant 1: named => fully in the bucket
+            # design invariant 1: named => fully in the bucket
+            if (key, s.checksum) not in verified:
                 data = store.get(key)
                 assert (len(data), crc32c.crc32c(data)) == (s.size_bytes, s.checksum), where
                 verified.add((key, s.checksum))
@@ -109,7 +110,7 @@ def _check_manifests(store: ObjectStore, mstore: ManifestStore, log_dir: Path,
         covered = m.last_offset if segs else -1
         present = {s.base_offset for s in part.segments}
         for closed in seen[p].values():
-            if closed.base not in present:  # invariant 2: gone locally => in the manifest
+            if closed.base not in present:  # design invariant 2: gone locally => in the manifest
                 assert closed.last <= covered, (
                     f"{where}: p{p}: local segment {closed.base}..{closed.last} deleted but the "
                     f"manifest covers only up to {covered}")

@@ -32,7 +32,7 @@ from tiered.store import open_store
 
 def _manifests(base: Path) -> dict[int, list[tuple[int, int, int, int]]]:
     """partition -> [(base, last, size, checksum)] of every segment its manifest names, each
-    checked against the object's bytes in the bucket (invariant 1)."""
+    checked against the object's bytes in the bucket (design invariant 1)."""
     config = demo_config(base)
     out = {}
     with open_store(config.store_settings(), probe=False) as store:

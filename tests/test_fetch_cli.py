@@ -1,6 +1,6 @@
 """`tiered fetch`: raw record-batch bytes and jsonl records from the bucket once the local log
 is gone, and a clear message with a non-zero exit for out-of-range offsets, unknown
-partitions and bad arguments (invariant 9)."""
+partitions and bad arguments (design invariant 9)."""
 
 from __future__ import annotations
 

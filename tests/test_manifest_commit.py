@@ -1,7 +1,7 @@
 """Compare-and-swap commits (ManifestStore) against real backends: moto's S3 server over HTTP
 and the file store (the `store` fixture runs each test on both).
 
-Defends invariant 6: manifest writes are CAS on the object's version, fenced by a term that
+Defends design invariant 6: manifest writes are CAS on the object's version, fenced by a term that
 only grows; a stale writer loses and no update is ever lost.
 """
 

@@ -1,7 +1,7 @@
 """Key layout (manifests.keys): one deterministic scheme every package uses.
 
-Defends DESIGN "Bucket format" (hash prefix, keys derivable from topic/partition/revision,
-topic manifests under fixed prefixes, no ':') and invariant 9 (hostile topic names refused).
+Defends docs/format.md (hash prefix, keys derivable from topic/partition/revision,
+topic manifests under fixed prefixes, no ':') and design invariant 9 (hostile topic names refused).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pure manifest operations (manifests.ops): add, replace, retention, lookups.
 
-Defends invariant 4 (offsets contiguous; a gap or overlap refused at the operation, not
-discovered later) and invariant 7 (replaced objects are listed for deletion, never deleted
+Defends design invariant 4 (offsets contiguous; a gap or overlap refused at the operation, not
+discovered later) and design invariant 7 (replaced objects are listed for deletion, never deleted
 while still referenced).
 """
 

@@ -1,8 +1,8 @@
 """Manifest JSON (manifests.serde): round trips, versioning, and refusal of bad bytes.
 
-Defends the bucket format's stability (DESIGN "Bucket format": versioned, readable by the next
-release), invariant 4 (a manifest with a gap or overlap is refused when read, too) and
-invariant 9 (corrupt or hostile input gets one clear error, never a raw exception).
+Defends the bucket format's stability (docs/format.md: versioned, readable by the next
+release), design invariant 4 (a manifest with a gap or overlap is refused when read, too) and
+design invariant 9 (corrupt or hostile input gets one clear error, never a raw exception).
 """
 
 from __future__ import annotations

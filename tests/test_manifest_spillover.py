@@ -1,9 +1,9 @@
 """Archived metadata (manifests.spillover, ManifestStore reads): bounded head, one GET per
 cold lookup, seamless iteration, bounded cache.
 
-Defends DESIGN job 5 (memory bounded however long the history) and invariant 1 (an archived
-manifest is in the bucket before the head that lists it), plus invariant 5 for archived
-manifests (checksum verified on every read).
+Defends docs/design.md's archived metadata (memory bounded however long the history), design
+invariant 1 (an archived manifest is in the bucket before the head that lists it) and design
+invariant 5 for archived manifests (checksum verified on every read).
 """
 
 from __future__ import annotations

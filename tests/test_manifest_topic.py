@@ -1,7 +1,7 @@
 """Topic manifests (manifests.topic): enough to recreate a topic from the bucket alone.
 
-Defends DESIGN "Bucket format" (topic manifests under a fixed set of prefixes, enumerable by
-recovery; versioned JSON) and invariant 9 for hostile names and corrupt bytes.
+Defends docs/format.md (topic manifests under a fixed set of prefixes, enumerable by
+recovery; versioned JSON) and design invariant 9 for hostile names and corrupt bytes.
 """
 
 from __future__ import annotations

@@ -101,6 +101,14 @@ def test_docker_compose_dev_stack_is_consistent() -> None:
     assert str(config.cache_dir) in mounts
 
 
+def test_imports_keep_the_layer_contract() -> None:
+    """docs/design.md, "Layers": `lint-imports` checks the contract in pyproject.toml."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    run = subprocess.run([str(lint)], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "Contracts: 1 kept, 0 broken." in run.stdout
+
+
 def test_cli_help_and_version() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tiered.cli", "--help"], capture_output=True, text=True, check=True

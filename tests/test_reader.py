@@ -1,7 +1,7 @@
 """The remote-read API (`cache.reader`): every offset of a long, spilled-over partition reads
 back byte-identical from the bucket once the local log is gone; timestamps map to offsets as
 ListOffsets does; out-of-range offsets and disabled remote read are clear errors; local data is
-served without touching the bucket (DESIGN "remote read", invariants 5 and 9).
+served without touching the bucket (design: remote read; invariants 5 and 9).
 
 The bucket is filled by the real archiver (`Archiver.upload_round`). The helpers here are shared
 by `test_reader_http.py` and `test_fetch_cli.py`.

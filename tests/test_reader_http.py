@@ -1,6 +1,6 @@
 """The remote-read HTTP endpoint (`tiered.app.http_api.handle_records`) behind a real
 `http.server` on 127.0.0.1: status codes and Kafka error names for every failure a client can
-cause (invariant 9: a bad request gets a clear error and the server keeps serving)."""
+cause (design invariant 9: a bad request gets a clear error and the server keeps serving)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A store outage after a partition's head manifest was read: reads of cached chunks keep being
 served from the last head for up to the GC grace period (objects a newer manifest dropped are
-kept that long), and fail clearly after it (DESIGN invariant 9)."""
+kept that long), and fail clearly after it (design invariant 9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Local retention, space management and disk alerts (archiver/space.py); invariant 2."""
+"""Local retention, space management and disk alerts (archiver/space.py); design invariant 2."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_space_params_from_properties() -> None:
         {"retention_local_strict": True, "disk_reservation_percent": 10, "other": 1}
     )
     assert params.retention_local_strict and params.disk_reservation_percent == 10
-    assert SpaceParams().storage_min_free_bytes == 5 * 1024**3  # seed 000: 5 GB
+    assert SpaceParams().storage_min_free_bytes == 5 * 1024**3  # as Redpanda documents: 5 GB
 
 
 @pytest.mark.parametrize(
@@ -347,7 +347,7 @@ def assert_only_safe(parts: list[PartitionView], deletions: tuple[Deletion, ...]
         assert p.remote_write
         assert p.uploaded_last_offset is not None
         for s in segs:
-            # invariant 2: covered by the committed manifest; never the active segment
+            # design invariant 2: covered by the committed manifest; never the active segment
             assert s.last_offset <= p.uploaded_last_offset
             assert s.base_offset < p.active_base_offset
             assert s.end_exclusive <= safe_delete_below(p)

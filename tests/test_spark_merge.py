@@ -187,7 +187,7 @@ def test_many_small_segments_become_fewer_within_target_and_read_back_identical(
     for p in (0, 1):
         m, _ = ctx.manifests.load(TOPIC, p, REVISION)
         assert all(seg.size_bytes <= 8192 for seg in m.segments)
-        # invariant 7: the merged-away segments are listed for GC and still in the bucket
+        # design invariant 7: the merged-away segments are listed for GC and still in the bucket
         assert len(m.replaced) == 40 - sum(1 for s in m.segments if not s.name)
         assert all(ctx.store.exists(m.segment_key(r.segment)) for r in m.replaced)
         assert_every_offset_reads_back(ctx.manifests, p, logs[p])

@@ -1,5 +1,5 @@
 """Merging while the real archiver (`Archiver.run_once`) keeps archiving the same partition:
-neither loses anything (invariants 1, 4, 6). The bucket afterwards holds exactly the local
+neither loses anything (design invariant 1, 4, 6). The bucket afterwards holds exactly the local
 log's bytes, offset for offset, whichever commit won each race."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Merge planning (pure): seed 001's adjacent-segment rules over a head manifest's table."""
+"""Merge planning (pure): Redpanda's adjacent-segment rules over a head manifest's table."""
 
 from __future__ import annotations
 

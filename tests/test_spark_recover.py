@@ -2,7 +2,7 @@
 
 Invariants defended: 1 and 5 (what comes back is exactly what was uploaded, every batch and
 object checksum verified, a corrupt object refused and named, never written as good) and the
-recovery contract of seed 001 (a log the local log reader and Kafka accept)."""
+recovery contract of Redpanda's tiered storage (a log the local log reader and Kafka accept)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The start-up conditional-write probe (invariant 6 depends on its verdict)."""
+"""The start-up conditional-write probe (design invariant 6 depends on its verdict)."""
 
 from __future__ import annotations
 

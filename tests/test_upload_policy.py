@@ -1,4 +1,4 @@
-"""Upload candidate selection (archiver/upload_policy.py), invariants 3 and 4 of DESIGN.md."""
+"""Upload candidate selection (archiver/upload_policy.py), design invariant 3 and 4."""
 
 from __future__ import annotations
 
@@ -313,11 +313,12 @@ def test_candidates_are_contiguous_stable_and_bounded(
     assert (plan.decision is UploadDecision.UPLOAD) == bool(plan.candidates)
     expected = None if st_.manifest_last_offset is None else st_.manifest_last_offset + 1
     for cand in plan.candidates:
-        # invariant 4: each candidate continues the manifest (or the previous candidate)
+        # design invariant 4: each candidate continues the manifest (or the previous candidate)
         if expected is not None:
             assert cand.begin_inclusive == expected
         assert cand.end_exclusive > cand.begin_inclusive
-        # invariant 3: nothing at or past the stable end, the active segment only by idle timeout
+        # design invariant 3: nothing at or past the stable end, the active segment only by idle
+        # timeout
         assert cand.last_offset < log.stable_end_exclusive
         if cand.kind is UploadKind.STABLE_PREFIX:
             assert log.active is not None and cand.segment_base_offset == log.active.base_offset

@@ -32,7 +32,7 @@ Stopping: the first SIGTERM / SIGINT lets the running job finish (an upload roun
 its manifest commits) and then exits 0; a second one abandons the job at once. Abandoning is
 safe because a manifest commit is one atomic compare-and-swap PUT: an object uploaded but
 not yet committed is an orphan that garbage collection removes after the grace period, and
-the next run re-uploads the segment (invariant 8).
+the next run re-uploads the segment (design invariant 8).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ DEMO_TOPIC_OVERRIDES: Mapping[str, str] = {
     "segment.bytes": "256KiB",
     "retention.local.target.bytes": "512KiB",
 }
-#: enforce the local target routinely, not only under disk pressure (seed 000's strict mode):
+#: enforce the local target routinely, not only under disk pressure (Redpanda's strict mode):
 #: the demo's disk is nowhere near full, yet it should show local retention at work
 DEMO_CLUSTER_OVERRIDES: Mapping[str, bool] = {"retention_local_strict": True}
 CONFIG_FILE = "tiered.toml"

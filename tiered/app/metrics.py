@@ -99,7 +99,7 @@ ARCHIVER_METRICS: dict[str, _Scalar] = {
                                         "(cloud_storage_upload_ctrl_min/max_shares)."),
     "disk_free_space_alert": _Scalar("disk_alert_state", "gauge",
                                      "Free-space alert of the log disk: 0 ok, 1 low space, "
-                                     "2 degraded (seed 000)."),
+                                     "2 degraded (Redpanda's default)."),
 }
 
 #: `RetryStats.snapshot()` key -> documentation of `tiered_store_<key>_total`

@@ -85,8 +85,8 @@ def merge_lines(summary: dict[str, Any]) -> Iterable[str]:
 def merge_command(
     config_path: Path, topic: str | None, master: str | None, force: bool, as_json: bool
 ) -> None:
-    """Merge runs of small adjacent segments in the bucket into larger ones (seed 001's
-    adjacent segment merging), on Spark.
+    """Merge runs of small adjacent segments in the bucket into larger ones (Redpanda's adjacent
+    segment merging), on Spark.
 
     Merged segments grow up to cloud_storage_segment_size_target (default: the topic's
     segment.bytes); segments below cloud_storage_segment_size_min (default: half of it) are

@@ -139,7 +139,7 @@ class TopicConfig:
     @property
     def local_retention_explicit(self) -> bool:
         """Whether local retention is the topic's own (space-management phase 4) rather than
-        the cluster default (phase 3), in seed 000's terms."""
+        the cluster default (phase 3), in Redpanda's terms."""
         return bool(self.overrides & {"retention.local.target.ms", "retention.local.target.bytes"})
 
     @property
@@ -188,7 +188,7 @@ class Config:
 
     def local_capacity_percent(self) -> float:
         """Target share of the disk for local log data: retention_local_target_capacity_percent,
-        or by default what the cache and the reservation leave (seed 001)."""
+        or by default what the cache and the reservation leave (Redpanda's default)."""
         explicit = self.cluster["retention_local_target_capacity_percent"]
         if explicit is not None:
             return float(explicit)

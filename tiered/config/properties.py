@@ -6,7 +6,7 @@ Cluster properties carry the seeds' flat names and defaults (`cloud_storage_*`, 
 Kafka's own spellings are aliases. An alias may stand for more than one property: Kafka's
 `remote.storage.enable` turns on both remote write and remote read.
 
-Precedence (seed 001's table for remote write / read, seed 000 for retention): a topic setting
+Precedence (docs/configuration.md, "Precedence"): a topic setting
 wins when set; otherwise the cluster property it falls back to; otherwise the default. Retention
 values take Kafka's ``-1`` for "no limit", which parses to ``None``; ``None`` in a resolved value
 always means "no limit / not set", never "unknown".
@@ -385,8 +385,8 @@ def suggest(scope: Scope, key: str) -> str | None:
 
 def resolve_topic(cluster: Mapping[str, Value], overrides: Mapping[str, Value]) -> dict[str, Value]:
     """Every topic property's effective value: the topic's own setting when it has one, else
-    the cluster property it falls back to, else its default (seed 001's remote write / read
-    table, seed 000's retention inheritance). `cluster` must hold every cluster property."""
+    the cluster property it falls back to, else its default (docs/configuration.md,
+    \"Precedence\"). `cluster` must hold every cluster property."""
     values: dict[str, Value] = {}
     for prop in TOPIC:
         if prop.name in overrides:

@@ -40,7 +40,7 @@ def probe_key(now_s: float) -> str:
 
 
 def collect_stale_probes(store: ObjectStore, *, now_s: float | None = None) -> int:
-    """Delete probe objects a crashed process left (invariant 8: no permanent orphans).
+    """Delete probe objects a crashed process left (design invariant 8: no permanent orphans).
 
     Only probes older than `PROBE_STALE_AFTER_S` by the time in their key go, so a probe another
     process is running right now is never pulled from under it. Best effort: returns how many

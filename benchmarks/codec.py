@@ -34,14 +34,8 @@ from typing import Any
 
 from kafka.record.memory_records import MemoryRecords
 
-from tiered.kafka.records import (
-    Buffer,
-    Header,
-    Record,
-    encode_batch,
-    iter_batch_headers,
-    iter_batches,
-)
+from tiered.kafka.builder import encode_batch
+from tiered.kafka.records import Buffer, Header, Record, iter_batch_headers, iter_batches
 
 MIB = 1024 * 1024
 #: share of batches per codec; "none" dominates as on most real topics

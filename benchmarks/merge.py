@@ -44,7 +44,8 @@ from spark_jobs.common import JobContext
 from spark_jobs.merge import execute_locally, run_merge
 from spark_jobs.merge_plan import MergeLimits, plan_runs
 from tiered.config import Config, parse_config
-from tiered.kafka.records import Record, encode_batch, iter_batch_headers
+from tiered.kafka.builder import encode_batch
+from tiered.kafka.records import Record, iter_batch_headers
 from tiered.kafka.segment import build_indexes
 from tiered.store import open_store
 

@@ -41,11 +41,12 @@ from archiver.service import Archiver
 from archiver.space import DiskInfo
 from cache.reader import Reader
 from tiered.config import Config, parse_config
+from tiered.kafka.builder import encode_batch
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.index import OffsetIndex
 from tiered.kafka.local_log import LocalLog
 from tiered.kafka.log_writer import LogWriter, write_high_watermarks
-from tiered.kafka.records import Record, encode_batch
+from tiered.kafka.records import Record
 from tiered.kafka.segment import Segment
 from tiered.store import S3Store
 from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings

@@ -9,7 +9,6 @@ recovery and the manifest rebuild all read objects through it (design invariant 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import struct
 import uuid
@@ -133,7 +132,7 @@ def walk_object(
                 builder.add(header, pending_at)
                 consumed = header.end_position
                 if on_header is not None:
-                    on_header(dataclasses.replace(header, position=pending_at + header.position))
+                    on_header(header._replace(position=pending_at + header.position))
         except CorruptSegmentError as err:
             if err.path == key and err.position is not None and err.reason.startswith("batch"):
                 raise  # raised by the builder with an object position already

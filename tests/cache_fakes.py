@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cache.chunks import batch_positions, plan_chunks, verify_batches
-from tiered.kafka.records import encode_batch, make_records
+from tiered.kafka.builder import encode_batch, make_records
 
 
 def make_segment(batches: int = 64, value_size: int = 200, base_offset: int = 0) -> bytes:

@@ -15,7 +15,7 @@ from cache.chunks import (
     verify_batches,
 )
 from tiered.errors import CorruptSegmentError
-from tiered.kafka.records import encode_batch, make_records
+from tiered.kafka.builder import encode_batch, make_records
 
 
 def test_chunks_take_the_furthest_boundary_within_the_size() -> None:

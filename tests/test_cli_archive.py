@@ -219,6 +219,7 @@ def test_describe_storage_json_field_names_and_values(setup: tuple[Path, Path]) 
                                 "size_bytes": local_bytes, "segments": len(closed) + 1}
         active_base = parse_segment_file_name(
             sorted(part_dir.glob("*.log"))[-1].name)
+        assert active_base is not None
         assert row["remote"]["start_offset"] == 0
         assert row["remote"]["last_offset"] == active_base - 1
         assert row["remote"]["segments"] == len(closed)

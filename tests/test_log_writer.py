@@ -12,6 +12,7 @@ import pytest
 from kafka.record import MemoryRecords
 
 from tiered.errors import CorruptSegmentError, TieredError
+from tiered.kafka.builder import encode_batch
 from tiered.kafka.checkpoints import (
     EpochEntry,
     TopicPartition,
@@ -21,7 +22,7 @@ from tiered.kafka.checkpoints import (
 )
 from tiered.kafka.index import OffsetIndex
 from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
-from tiered.kafka.records import Header, Record, encode_batch, iter_batch_headers
+from tiered.kafka.records import Header, Record, iter_batch_headers
 from tiered.kafka.segment import Segment, segment_file_name
 
 T0 = 1_700_000_000.0  # seconds, as the injected clock returns

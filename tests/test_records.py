@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiered.errors import CorruptSegmentError
+from tiered.kafka.builder import control_record, encode_batch, make_records
 from tiered.kafka.compression import CODECS
 from tiered.kafka.records import (
     ATTRIBUTES_OFFSET,
@@ -25,12 +26,9 @@ from tiered.kafka.records import (
     Header,
     Record,
     TruncatedBatchError,
-    control_record,
     decode_batch,
-    encode_batch,
     iter_batch_headers,
     iter_batches,
-    make_records,
     read_batch_header,
 )
 from tiered.kafka.varint import encode_varint, encode_varlong

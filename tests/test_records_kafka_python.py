@@ -14,14 +14,13 @@ from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 from tiered.errors import CorruptSegmentError
+from tiered.kafka.builder import control_record, encode_batch
 from tiered.kafka.compression import CODECS
 from tiered.kafka.records import (
     BatchHeader,
     Header,
     Record,
-    control_record,
     decode_batch,
-    encode_batch,
     iter_batch_headers,
     iter_batches,
 )

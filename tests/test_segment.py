@@ -12,8 +12,9 @@ import crc32c
 import pytest
 
 from tiered.errors import CorruptSegmentError
+from tiered.kafka.builder import encode_batch
 from tiered.kafka.index import IndexEntry, OffsetIndex
-from tiered.kafka.records import Record, TruncatedBatchError, encode_batch, iter_batch_headers
+from tiered.kafka.records import Record, TruncatedBatchError, iter_batch_headers
 from tiered.kafka.segment import (
     READ_WINDOW_BYTES,
     LogFile,

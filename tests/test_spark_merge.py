@@ -24,8 +24,9 @@ from spark_jobs.merge import build_tasks, run_merge
 from spark_jobs.merge_exec import merge_run
 from spark_jobs.merge_plan import merge_limits, plan_runs
 from tiered.config import Config, parse_config
+from tiered.kafka.builder import encode_batch, make_records
 from tiered.kafka.index import OffsetIndex
-from tiered.kafka.records import encode_batch, iter_batch_headers, make_records
+from tiered.kafka.records import iter_batch_headers
 from tiered.kafka.segment import build_indexes
 from tiered.store.base import ObjectStore
 

@@ -7,8 +7,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TEST_MULTIPART_THRESHOLD
@@ -171,7 +172,8 @@ def test_probing_store_reads_at_once_and_holds_writes_for_the_verdict(
     src = tmp_path / "seg.log"
     src.write_bytes(b"segment")
     with ThreadPoolExecutor(3) as pool:
-        writes = [pool.submit(store.put, "m/manifest.json", b"v2", if_match=etag),
+        writes: list[Future[Any]] = [
+                  pool.submit(store.put, "m/manifest.json", b"v2", if_match=etag),
                   pool.submit(store.put_file, "seg/0.log", src),
                   pool.submit(store.delete_many, ["nothing/here"])]
         time.sleep(0.2)

@@ -15,7 +15,6 @@ is one. `DumpReport.ok` is False when anything is corrupt; the CLI exits non-zer
 from __future__ import annotations
 
 import base64
-import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -324,7 +323,7 @@ def _dump_log(path: Path, report: DumpReport) -> None:
                 report.problem(pos, err.reason)
                 pos += len(data)
                 continue
-            header = dataclasses.replace(header, position=pos)
+            header = header._replace(position=pos)
             batch = BatchDump(header, crc32c.crc32c(memoryview(data)[ATTRIBUTES_OFFSET:]))
             if not batch.crc_ok:
                 report.problem(pos, f"CRC-32C mismatch in batch at offset {header.base_offset}: "

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tiered.errors import TieredError
+from tiered.kafka.builder import control_record, encode_batch
 from tiered.kafka.checkpoints import (
     LEADER_EPOCH_CHECKPOINT,
     PARTITION_METADATA,
@@ -57,14 +58,7 @@ from tiered.kafka.index import (
     encode_offset_entry,
     encode_time_entry,
 )
-from tiered.kafka.records import (
-    BatchHeader,
-    Header,
-    Record,
-    control_record,
-    encode_batch,
-    iter_batch_headers,
-)
+from tiered.kafka.records import BatchHeader, Header, Record, iter_batch_headers
 from tiered.kafka.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 
 from tiered.errors import CorruptSegmentError
-from tiered.kafka.compression import CODECS_BY_ID, codec_by_id, codec_by_name
-from tiered.kafka.varint import append_varint, append_varlong, decode_varint, decode_varlong
+from tiered.kafka.compression import CODECS_BY_ID, codec_by_id
+from tiered.kafka.varint import decode_varint, decode_varlong
 
 #: a segment or part of one: bytes, a bytearray being built, a memoryview or an mmap of the file
 Buffer = bytes | bytearray | memoryview | mmap.mmap
@@ -99,9 +99,12 @@ class TruncatedBatchError(CorruptSegmentError):
     Anywhere but the tail it is as corrupt as any other error, hence the subclass."""
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """The 61-byte header of one batch, plus where it sits in its buffer."""
+class BatchHeader(NamedTuple):
+    """The 61-byte header of one batch, plus where it sits in its buffer.
+
+    A named tuple rather than a dataclass: the parsers build one per batch on the hot paths,
+    and a tuple is built in one C call where a frozen dataclass sets each field in Python.
+    `header._replace(position=...)` moves it to another buffer."""
 
     #: byte position of the batch's first byte (its baseOffset) in the buffer or file
     position: int
@@ -160,15 +163,14 @@ class BatchHeader:
         return self.first_timestamp if self.attributes & DELETE_HORIZON_MASK else None
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     key: str
     value: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record with absolute offset and timestamp (ms since the epoch)."""
+class Record(NamedTuple):
+    """One record with absolute offset and timestamp (ms since the epoch); a named tuple for
+    the same reason as `BatchHeader`."""
 
     offset: int
     timestamp: int
@@ -210,26 +212,9 @@ class RecordBatch:
         return CONTROL_TYPES.get(type_id, "unknown")
 
 
-def _slot_builder(cls: Any) -> Callable[..., Any]:
-    """A positional constructor for a frozen slots dataclass that fills the slots directly.
-
-    A frozen dataclass's own __init__ goes through object.__setattr__ per field, which on the
-    hot paths costs more than parsing the bytes (over 1 us for the 14-field header). This
-    generates, once at import, the straight-line function dataclasses itself would, calling
-    each slot's descriptor instead. For this module's parsers only: arguments in field order,
-    no defaults."""
-    names = [f.name for f in fields(cls)]
-    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    namespace.update({f"_set_{name}": getattr(cls, name).__set__ for name in names})
-    body = "".join(f"    _set_{name}(obj, {name})\n" for name in names)
-    # names are this module's own field identifiers, so the generated source is fixed
-    exec(f"def build({', '.join(names)}):\n    obj = _new(_cls)\n{body}    return obj\n", namespace)
-    built: Callable[..., Any] = namespace["build"]
-    return built
-
-
-_build_header: Callable[..., BatchHeader] = _slot_builder(BatchHeader)
-_build_record: Callable[..., Record] = _slot_builder(Record)
+#: builds a named tuple from a ready tuple in one C call, skipping the generated `__new__`'s
+#: Python frame: the parsers make one per batch and per record
+_new_tuple = tuple.__new__
 
 
 def _read_header(view: memoryview, pos: int, path: str | None, verify_crc: bool) -> BatchHeader:
@@ -250,7 +235,7 @@ def _read_header(view: memoryview, pos: int, path: str | None, verify_crc: bool)
             path=path,
             position=pos,
         )
-    header = _build_header(pos, *BATCH_HEADER.unpack_from(view, pos))
+    header = _new_tuple(BatchHeader, (pos, *BATCH_HEADER.unpack_from(view, pos)))
     problem = _header_problem(header, view, pos + LOG_OVERHEAD + length, verify_crc)
     if problem is not None:
         raise CorruptSegmentError(problem, path=path, position=pos)
@@ -388,9 +373,9 @@ def _decode_record(
         timestamp = header.max_timestamp
     else:
         timestamp = header.first_timestamp + ts_delta
-    record = _build_record(
+    record = _new_tuple(Record, (
         header.base_offset + offset_delta, timestamp, key, value, tuple(headers), attributes
-    )
+    ))
     return record, pos
 
 
@@ -448,144 +433,3 @@ def _decode_body(view: memoryview, header: BatchHeader, path: str | None) -> Rec
             f"batch at offset {header.base_offset}: {reason}", path=path, position=header.position
         ) from None
     return RecordBatch(header, records)
-
-
-def encode_batch(
-    records: Sequence[Record],
-    *,
-    base_offset: int,
-    compression: str = "none",
-    timestamp_type: str = "create",
-    partition_leader_epoch: int = 0,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-    transactional: bool = False,
-    control: bool = False,
-    max_timestamp: int | None = None,
-    delete_horizon_ms: int | None = None,
-) -> bytes:
-    """Encode `records` as one v2 batch, exactly as a broker would store it.
-
-    Record offsets must be strictly increasing and at or above `base_offset` (gaps are fine, as
-    after compaction); timestamps are stored as deltas from the first record's, or from
-    `delete_horizon_ms` when given (which also sets the delete-horizon attribute).
-    `max_timestamp` defaults to the largest record timestamp; for `log_append` batches pass the
-    broker's append time. Raises ValueError for input that cannot be encoded."""
-    if not records:
-        raise ValueError("a batch needs at least one record")
-    if timestamp_type not in _TIMESTAMP_TYPE_BITS:
-        raise ValueError(
-            f"unknown timestamp type {timestamp_type!r} (known: {', '.join(_TIMESTAMP_TYPE_BITS)})"
-        )
-    if transactional and producer_id < 0:
-        raise ValueError("a transactional batch needs a producer id")
-    if control and any(r.key is None or len(r.key) < CONTROL_KEY.size for r in records):
-        raise ValueError("control records need a version + type key (see control_record)")
-    codec = codec_by_name(compression)
-    base_timestamp = records[0].timestamp if delete_horizon_ms is None else delete_horizon_ms
-    body = _encode_records(records, base_offset, base_timestamp)
-    last_offset_delta = records[-1].offset - base_offset
-
-    attributes = (
-        codec.codec_id
-        | _TIMESTAMP_TYPE_BITS[timestamp_type]
-        | (TRANSACTIONAL_MASK if transactional else 0)
-        | (CONTROL_MASK if control else 0)
-        | (DELETE_HORIZON_MASK if delete_horizon_ms is not None else 0)
-    )
-    out = bytearray(BATCH_HEADER.size)
-    out += codec.compress(body)
-    try:
-        BATCH_HEADER.pack_into(
-            out,
-            0,
-            base_offset,
-            len(out) - LOG_OVERHEAD,
-            partition_leader_epoch,
-            MAGIC_V2,
-            0,  # the CRC covers the header after it: computed below
-            attributes,
-            last_offset_delta,
-            base_timestamp,
-            max(r.timestamp for r in records) if max_timestamp is None else max_timestamp,
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            len(records),
-        )
-    except struct.error as err:
-        raise ValueError(f"a batch header field is out of range: {err}") from None
-    _CRC.pack_into(out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
-    return bytes(out)
-
-
-def _encode_records(records: Sequence[Record], base_offset: int, base_timestamp: int) -> bytes:
-    body = bytearray()
-    record = bytearray()
-    prev_offset = base_offset - 1
-    for r in records:
-        if r.offset <= prev_offset:
-            raise ValueError(
-                f"record offset {r.offset} is not above the previous one ({prev_offset}) "
-                f"or below base offset {base_offset}"
-            )
-        prev_offset = r.offset
-        if not 0 <= r.attributes <= 0xFF:
-            raise ValueError(f"record attributes {r.attributes} do not fit one byte")
-        record.clear()
-        record.append(r.attributes)
-        append_varlong(record, r.timestamp - base_timestamp)
-        append_varint(record, r.offset - base_offset)
-        _append_nullable(record, r.key)
-        _append_nullable(record, r.value)
-        append_varint(record, len(r.headers))
-        for h in r.headers:
-            _append_nullable(record, h.key.encode("utf-8"))
-            _append_nullable(record, h.value)
-        append_varint(body, len(record))
-        body += record
-    return bytes(body)
-
-
-def _append_nullable(out: bytearray, data: bytes | None) -> None:
-    if data is None:
-        append_varint(out, -1)
-    else:
-        append_varint(out, len(data))
-        out += data
-
-
-def make_records(
-    values: Iterable[bytes | None],
-    *,
-    base_offset: int,
-    timestamp: int,
-    keys: Iterable[bytes | None] | None = None,
-    timestamp_step: int = 1,
-) -> list[Record]:
-    """Records with consecutive offsets from `base_offset` and timestamps from `timestamp` (ms)
-    `timestamp_step` apart: test and demo data. `keys` defaults to all-null."""
-    values = list(values)
-    key_list = [None] * len(values) if keys is None else list(keys)
-    if len(key_list) != len(values):
-        raise ValueError(f"{len(key_list)} keys for {len(values)} values")
-    return [
-        Record(base_offset + i, timestamp + i * timestamp_step, key, value)
-        for i, (key, value) in enumerate(zip(key_list, values, strict=True))
-    ]
-
-
-def control_record(
-    kind: str, coordinator_epoch: int, *, offset: int = 0, timestamp: int = 0
-) -> Record:
-    """A transaction marker record ("commit" or "abort") for a control batch: encode it with
-    `encode_batch(..., control=True, transactional=True)` as the transaction coordinator does."""
-    if kind not in ("commit", "abort"):
-        raise ValueError(f"control record kind must be 'commit' or 'abort', not {kind!r}")
-    return Record(
-        offset,
-        timestamp,
-        CONTROL_KEY.pack(0, _CONTROL_TYPE_IDS[kind]),
-        CONTROL_VALUE.pack(0, coordinator_epoch),
-    )

@@ -15,7 +15,6 @@ end of the data instead of corruption. Every method takes its own snapshot of th
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
@@ -219,7 +218,7 @@ class LogFile:
                 raise TruncatedBatchError(err.reason, path=where, position=pos) from None
             except CorruptSegmentError as err:
                 raise err.at(path=where, base_position=buf_start) from None
-            yield dataclasses.replace(header, position=pos)
+            yield header._replace(position=pos)
             pos += header.size
 
     def decode(self, header: BatchHeader) -> RecordBatch:

@@ -26,6 +26,9 @@ FAULTS: dict[str, tuple[int, str, str]] = {
     "conflict": (409, "ConditionalRequestConflict", "A conflicting operation is in progress."),
 }
 DROP = "drop"
+#: forward the request (the store applies it), then close the connection without an answer:
+#: what a client sees when the network fails after the server acted
+DROP_AFTER = "drop_after"
 
 #: headers that belong to one hop, not to the request; never forwarded
 _HOP_BY_HOP = frozenset(
@@ -60,6 +63,8 @@ class _Script:
     path_contains: str | None
     query_contains: str | None
     header: str | None
+    #: matching requests still to let through before the fault applies
+    skip: int = 0
 
     def matches(self, method: str, path: str, query: str, headers: dict[str, str]) -> bool:
         return (
@@ -117,14 +122,17 @@ class FaultProxy:
         path_contains: str | None = None,
         query_contains: str | None = None,
         header: str | None = None,
+        skip: int = 0,
     ) -> None:
-        """Serve fault `kind` (a `FAULTS` name or `DROP`) to the next `times` requests that
-        match every given filter (method, substring of path or query, presence of a header)."""
-        if kind != DROP and kind not in FAULTS:
-            raise ValueError(f"unknown fault {kind!r}; known: {sorted(FAULTS)} and {DROP!r}")
+        """Serve fault `kind` (a `FAULTS` name, `DROP` or `DROP_AFTER`) to the next `times`
+        requests that match every given filter (method, substring of path or query, presence
+        of a header), after letting the first `skip` of them through."""
+        if kind not in (DROP, DROP_AFTER) and kind not in FAULTS:
+            raise ValueError(
+                f"unknown fault {kind!r}; known: {sorted(FAULTS)}, {DROP!r} and {DROP_AFTER!r}")
         with self._lock:
             self._scripts.append(
-                _Script(kind, times, method, path_contains, query_contains, header)
+                _Script(kind, times, method, path_contains, query_contains, header, skip)
             )
 
     def seen(
@@ -155,6 +163,9 @@ class FaultProxy:
         with self._lock:
             for script in self._scripts:
                 if script.remaining > 0 and script.matches(method, path, query, headers):
+                    if script.skip > 0:
+                        script.skip -= 1
+                        continue
                     script.remaining -= 1
                     fault = script.kind
                     break
@@ -201,6 +212,12 @@ class FaultProxy:
                     with contextlib.suppress(OSError):
                         self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if fault == DROP_AFTER:
+                    self._forward(body, answer=False)
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if fault is not None:
                     self._send_error_xml(*FAULTS[fault], resource=path)
                     return
@@ -220,7 +237,7 @@ class FaultProxy:
                 if self.command != "HEAD":
                     self.wfile.write(xml)
 
-            def _forward(self, body: bytes) -> None:
+            def _forward(self, body: bytes, *, answer: bool = True) -> None:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
                     headers = {k: v for k, v in headers.items() if k.lower() != "content-length"}
@@ -234,6 +251,8 @@ class FaultProxy:
                     conn.request(self.command, self.path, body=body or None, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
+                    if not answer:
+                        return
                     self.send_response_only(resp.status, resp.reason)
                     for name, value in resp.getheaders():
                         lowered = name.lower()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import TEST_MULTIPART_THRESHOLD
-from faultproxy import FaultProxy
+from faultproxy import DROP_AFTER, FaultProxy
 
 from tiered.store import (
     PROBE_PREFIX,
@@ -124,6 +124,24 @@ def test_s3_endpoint_rejecting_conditions_is_refused(
         probe_conditional_writes(store)
     # 501 is not transient: exactly one attempt
     assert len(fault_proxy.seen(method="PUT")) == 1
+
+
+@pytest.mark.parametrize("lost", ["create", "final"])
+def test_a_lost_answer_to_an_applied_probe_put_does_not_condemn_the_store(
+    fault_proxy: FaultProxy, proxied_s3_store: Callable[..., S3Store], lost: str
+) -> None:
+    """The store applies the put, the connection drops before the answer, the client's retry
+    is refused by the write it made itself: the probe checks the content and passes."""
+    store = proxied_s3_store()
+    if lost == "create":
+        fault_proxy.inject(DROP_AFTER, times=1, method="PUT", header="If-None-Match")
+    else:  # past the wrong-ETag put (refused anyway): the final If-Match put
+        fault_proxy.inject(DROP_AFTER, times=1, method="PUT", header="If-Match", skip=1)
+    assert probe_conditional_writes(store) is True
+    puts = fault_proxy.seen(method="PUT")
+    assert any(s.faulted == DROP_AFTER for s in puts)
+    assert len(puts) > 4  # the retry really happened
+    assert list(store.list("_tiered/probe/")) == []
 
 
 def test_s3_opt_out_writes_without_conditions_on_such_an_endpoint(

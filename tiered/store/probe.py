@@ -15,7 +15,12 @@ import uuid
 from collections.abc import Callable
 
 from tiered.store.base import ObjectStore
-from tiered.store.errors import ConditionalWritesUnsupported, PreconditionFailed, StoreError
+from tiered.store.errors import (
+    ConditionalWritesUnsupported,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,9 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
     Collects probes a crash left, then writes `_tiered/probe/<ms>-<uuid>` with If-None-Match,
     then expects PreconditionFailed from a second If-None-Match put and from an If-Match put
     with a wrong ETag, and success from an If-Match put with the right one; deletes the probe
-    in every case.
+    in every case. A refusal of a put that should succeed is checked against the object's
+    content first: when the connection drops after the store applied a put, the client's
+    retry is refused by the very write it made, and that is no evidence against the store.
 
     Returns True when conditions are enforced. Otherwise raises `ConditionalWritesUnsupported`
     explaining the risk, or, with `settings.allow_unconditional_writes`, logs a WARNING and
@@ -80,8 +87,17 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
     where = f"{store.settings.url.rstrip('/')}/{key}"
     problems: list[str] = []
     created = False
+    first, final = f"tiered probe 1 {key}".encode(), f"tiered probe 4 {key}".encode()
     try:
-        etag = store.put(key, b"tiered conditional-write probe 1", if_none_match=True)
+        try:
+            etag = store.put(key, first, if_none_match=True)
+        except PreconditionFailed:
+            # the key is this process's own (a fresh uuid): a refusal means an earlier attempt
+            # of this very request was applied and its answer lost, so the retry found it
+            landed = _landed(store, key, first)
+            if landed is None:
+                raise
+            etag = landed
         created = True
         if _accepted(lambda: store.put(key, b"tiered probe 2", if_none_match=True)):
             problems.append("a second If-None-Match: * put overwrote the existing object")
@@ -91,12 +107,15 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
             problems.append("an If-Match put with a wrong ETag replaced the object")
             etag = store.head(key).etag
         try:
-            store.put(key, b"tiered probe 4", if_match=etag)
+            store.put(key, final, if_match=etag)
         except PreconditionFailed:
-            problems.append(
-                "an If-Match put with the current ETag was refused (the ETag returned by a "
-                "put is not the one the store compares against)"
-            )
+            # a lost answer is not evidence: if the object holds these bytes, a first attempt
+            # was applied and its retry found the ETag changed by itself
+            if _landed(store, key, final) is None:
+                problems.append(
+                    "an If-Match put with the current ETag was refused (the ETag returned by a "
+                    "put is not the one the store compares against)"
+                )
     except ConditionalWritesUnsupported as exc:
         problems.append(f"the store rejects conditional puts outright ({exc})")
     finally:
@@ -116,6 +135,15 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
         log.warning("%s -- continuing because allow_unconditional_writes is set", message)
         return False
     raise ConditionalWritesUnsupported(message)
+
+
+def _landed(store: ObjectStore, key: str, data: bytes) -> str | None:
+    """The ETag of `key` if it holds exactly `data` (a write of ours was applied), else None."""
+    try:
+        got = store.get(key)
+    except ObjectNotFound:
+        return None
+    return got.etag if got == data else None
 
 
 def _accepted(attempt: Callable[[], object]) -> bool:

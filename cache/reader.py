@@ -515,8 +515,15 @@ class Reader:
                 where = "local"
             elif remote_iter is not None and m is not None and nxt <= m.last_offset:
                 seg = next((s for s in remote_iter if s.last_offset >= nxt), None)
-                got = None if seg is None else self.remote.read(
-                    m, seg, nxt, budget, first, reader_id, session=session)
+                try:
+                    got = None if seg is None else self.remote.read(
+                        m, seg, nxt, budget, first, reader_id, session=session)
+                except TieredError:
+                    if pieces:
+                        # Kafka's semantics: serve the readable batches before a damaged or
+                        # missing object; the fetch starting at it fails, naming it
+                        break
+                    raise
                 where = "remote"
             else:
                 got = None

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 from test_reader import TOPIC, LogImage, record_timestamp, template
 
+from manifests import keys
 from tiered.cli.main import cli
 from tiered.kafka.records import iter_batches
+from tiered.store import FileStore, StoreSettings
 
 
 @pytest.fixture
@@ -94,3 +97,33 @@ def test_unknown_partition_and_bad_topic_fail_clearly(config_file: Path) -> None
     assert "error:" in result.stderr and "Traceback" not in result.output
     result = fetch(config_file, "--partition", "0", "--offset", "-1")
     assert result.exit_code == 2
+
+
+def test_a_missing_object_costs_only_its_offsets(
+    tmp_path: Path, remote_template: tuple[Path, LogImage, int]
+) -> None:
+    """A fetch spanning a missing object serves the batches before it (exit 0); a fetch
+    starting in it fails with exit 6 naming the object; the offsets after it still read."""
+    base, image, _end = remote_template
+    bucket = tmp_path / "bucket"
+    shutil.copytree(base / "bucket", bucket)
+    config = tmp_path / "tiered.toml"
+    config.write_text(f'[storage]\nurl = "{bucket.as_uri()}"\n[log]\ndirs = ["{tmp_path / "logs"}"]'
+                      f'\n[cache]\ndir = "{tmp_path / "cache"}"\n')
+    (tmp_path / "logs").mkdir()
+    store = FileStore(StoreSettings(url=bucket.as_uri()))
+    objects = sorted((keys.parse_segment_name(i.key.rsplit("/", 1)[1]), i.key)
+                     for i in store.list("") if i.key.endswith(".log"))
+    victim, key = objects[2]
+    assert victim is not None
+    store.delete_many([key])
+    served = fetch(config, "--partition", "0", "--offset", "0", "--max-bytes", str(10**9),
+                   "--format", "raw")
+    assert served.exit_code == 0, served.stderr
+    assert served.stdout_bytes == b"".join(d for b, _, d in image.batches
+                                           if b < victim.base_offset)
+    failed = fetch(config, "--partition", "0", "--offset", str(victim.base_offset))
+    assert failed.exit_code == 6 and key.rsplit("/", 1)[1] in failed.stderr
+    after = fetch(config, "--partition", "0", "--offset", str(victim.last_offset + 1),
+                  "--max-bytes", "0", "--format", "raw")
+    assert after.exit_code == 0 and after.stdout_bytes == image.expected(victim.last_offset + 1, 0)

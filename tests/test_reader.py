@@ -393,6 +393,29 @@ def test_corrupt_segment_object_is_refused_never_served(remote_copy: Fixture) ->
         assert reader.fetch(TOPIC, 0, last[0], 0).data == last[2]
 
 
+def test_a_fetch_serves_the_batches_before_a_missing_object_then_fails_at_it(
+    remote_copy: Fixture,
+) -> None:
+    """Kafka's semantics: a large fetch returns what is readable up to the damage; the next
+    fetch, starting at the first offset of the missing object, fails naming it."""
+    fx = remote_copy
+    with fx.reader() as reader:
+        objects = sorted((keys.parse_segment_name(i.key.rsplit("/", 1)[1]), i.key)
+                         for i in fx.store.list("") if i.key.endswith(".log"))
+        victim, key = objects[2]
+        assert victim is not None
+        fx.store.delete_many([key])
+        got = reader.fetch(TOPIC, 0, 0, 10**9)
+        assert got.next_offset == victim.base_offset
+        assert got.data == b"".join(d for base, _, d in fx.image.batches
+                                    if base < victim.base_offset)
+        with pytest.raises(TieredError, match=key.rsplit("/", 1)[1]):
+            reader.fetch(TOPIC, 0, victim.base_offset, 10**9)
+        # past the damage the partition still reads
+        after = reader.fetch(TOPIC, 0, victim.last_offset + 1, 0)
+        assert after.data == fx.image.expected(victim.last_offset + 1, 0)
+
+
 # -- timestamps --------------------------------------------------------------------------------
 
 

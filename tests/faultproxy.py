@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import random
 import socket
 import threading
 import urllib.parse
@@ -75,6 +76,14 @@ class _Script:
         )
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (a killed process, a dropped connection) is part of
+    the scenarios here, not an error to print."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass
+
+
 class FaultProxy:
     """Start with `start()` (or as a context manager); point boto3's endpoint at `url`."""
 
@@ -85,7 +94,12 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._scripts: list[_Script] = []
         self._seen: list[Seen] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        #: random faults: (probability per request, kinds to draw from, generator)
+        self._chaos: tuple[float, tuple[str, ...], random.Random] | None = None
+        self.faults_by_kind: dict[str, int] = {}
+        #: keep `seen()` from growing without bound in long runs
+        self.record = True
+        self._server = _QuietServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -135,6 +149,20 @@ class FaultProxy:
                 _Script(kind, times, method, path_contains, query_contains, header, skip)
             )
 
+    def chaos(self, rate: float, kinds: tuple[str, ...], seed: int) -> None:
+        """From now on serve a fault drawn from `kinds` to each request with probability
+        `rate` (scripted faults still come first), from a generator seeded with `seed`."""
+        for kind in kinds:
+            if kind not in (DROP, DROP_AFTER) and kind not in FAULTS:
+                raise ValueError(f"unknown fault {kind!r}")
+        with self._lock:
+            self._chaos = (rate, tuple(kinds), random.Random(seed))
+
+    def calm(self) -> None:
+        """Stop random faults."""
+        with self._lock:
+            self._chaos = None
+
     def seen(
         self,
         *,
@@ -171,7 +199,14 @@ class FaultProxy:
                     break
             else:
                 fault = None
-            self._seen.append(Seen(method, path, query, headers, fault))
+                if self._chaos is not None:
+                    rate, kinds, rng = self._chaos
+                    if rng.random() < rate:
+                        fault = rng.choice(kinds)
+            if fault is not None:
+                self.faults_by_kind[fault] = self.faults_by_kind.get(fault, 0) + 1
+            if self.record:
+                self._seen.append(Seen(method, path, query, headers, fault))
             return fault
 
     # -- serving ---------------------------------------------------------------------------

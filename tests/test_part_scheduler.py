@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tiered.store.part_scheduler import PartScheduler
+from tiered.store.multipart import PartScheduler
 
 
 class Parts:

@@ -29,7 +29,7 @@ from tiered.store import (
     StoreSettings,
 )
 from tiered.store.file import ETAG_DIR, LOCK_DIR, TMP_MARK
-from tiered.store.file_range import FileRange
+from tiered.store.multipart import FileRange, part_size
 
 # -- the contract, every backend -------------------------------------------------------------
 
@@ -423,8 +423,9 @@ def test_s3_multipart_etag_and_part_size(s3_store: S3Store, tmp_path: Path) -> N
     etag = s3_store.put_file("seg/mp.log", src)
     assert etag.endswith("-3")  # S3's multipart ETag: md5-of-md5s, dash, part count
     # the part size grows so that huge objects stay within S3's 10,000-part limit
-    assert s3_store._part_size(10) == TEST_MULTIPART_THRESHOLD
-    assert s3_store._part_size(10_000 * TEST_MULTIPART_THRESHOLD + 1) > TEST_MULTIPART_THRESHOLD
+    chunk = s3_store.settings.multipart_chunksize
+    assert part_size(10, chunk) == TEST_MULTIPART_THRESHOLD
+    assert part_size(10_000 * TEST_MULTIPART_THRESHOLD + 1, chunk) > TEST_MULTIPART_THRESHOLD
 
 
 def test_s3_multipart_declares_a_checksum_the_store_keeps(s3_store: S3Store,

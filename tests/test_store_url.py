@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,15 @@ def test_half_given_credentials_are_a_config_error() -> None:
 def test_secret_key_is_not_in_settings_repr() -> None:
     settings = StoreSettings(url="s3://bucket", access_key="AKIA", secret_key="sup3rsecret")
     assert "sup3rsecret" not in repr(settings)
+
+
+def test_a_file_store_never_imports_boto3(tmp_path: Path) -> None:
+    """Backends are imported on first use: a `file://` user does not pay for boto3."""
+    code = (
+        "import sys\n"
+        "from tiered.store import StoreSettings, open_store\n"
+        f"open_store(StoreSettings(url={(tmp_path / 'b').as_uri()!r}), probe=True).close()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]"

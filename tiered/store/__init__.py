@@ -1,18 +1,17 @@
 """Object stores: the backends, chosen by the scheme of the configured URL.
 
-`open_store(settings)` is the one way in: it parses `settings.url`, builds the backend that
-`STORES` registers for its scheme and, once at start-up, proves the store honours conditional
-writes (manifest compare-and-swap depends on them).
+`open_store(settings)` is the one way in: it parses `settings.url` (`tiered.store.url`), builds
+the backend that `STORES` registers for its scheme and, once at start-up, proves the store
+honours conditional writes (manifest compare-and-swap depends on them). Backends are imported
+on first use, so a `file://` user never loads boto3.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
-import urllib.parse
-from typing import Literal
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, Literal
 
-from tiered.errors import ConfigError
 from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 from tiered.store.errors import (
     AccessDenied,
@@ -21,11 +20,13 @@ from tiered.store.errors import (
     PreconditionFailed,
     StoreError,
 )
-from tiered.store.file import FileStore
-from tiered.store.probe import PROBE_PREFIX, probe_conditional_writes
-from tiered.store.probing import ProbingStore
-from tiered.store.retry import RetryPolicy, RetryStats, is_retryable
-from tiered.store.s3 import S3Store
+from tiered.store.probe import PROBE_PREFIX, ProbingStore, probe_conditional_writes
+from tiered.store.url import SCHEMES, bucket_name_problem, parse_store_url
+
+if TYPE_CHECKING:
+    from tiered.store.file import FileStore
+    from tiered.store.retry import RetryPolicy, RetryStats, is_retryable
+    from tiered.store.s3 import S3Store
 
 __all__ = [
     "STORES",
@@ -44,124 +45,67 @@ __all__ = [
     "S3Store",
     "StoreError",
     "StoreSettings",
+    "bucket_name_problem",
     "is_retryable",
     "open_store",
     "parse_store_url",
     "probe_conditional_writes",
 ]
 
-#: backend class per URL scheme; the configured URL picks one by name
-STORES: dict[str, type[ObjectStore]] = {
-    S3Store.scheme: S3Store,
-    FileStore.scheme: FileStore,
+#: backend per URL scheme, as "module:class", imported the first time it is asked for
+_BACKENDS: dict[str, str] = {
+    "file": "tiered.store.file:FileStore",
+    "s3": "tiered.store.s3:S3Store",
+}
+assert tuple(sorted(_BACKENDS)) == SCHEMES
+#: names this package exports from modules it does not import up front
+_LAZY: dict[str, str] = {
+    "FileStore": "tiered.store.file",
+    "S3Store": "tiered.store.s3",
+    "RetryPolicy": "tiered.store.retry",
+    "RetryStats": "tiered.store.retry",
+    "is_retryable": "tiered.store.retry",
 }
 
-_EXPECTED = "expected s3://bucket[/prefix] or file:///absolute/path"
-#: AWS's rules for new buckets: 3..63 of [a-z0-9.-], starting and ending with a letter or digit
-_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
-_BUCKET_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", "--x-s3", ".mrap")
+
+class _Registry(MutableMapping[str, "type[ObjectStore]"]):
+    """The backend registry: scheme -> backend class, each imported on first lookup. A class
+    set for a known scheme replaces it (tests plug in stores that misbehave on purpose)."""
+
+    def __init__(self) -> None:
+        self._set: dict[str, type[ObjectStore]] = {}
+
+    def __getitem__(self, scheme: str) -> type[ObjectStore]:
+        if scheme in self._set:
+            return self._set[scheme]
+        module, _, name = _BACKENDS[scheme].partition(":")
+        cls: type[ObjectStore] = getattr(importlib.import_module(module), name)
+        return cls
+
+    def __setitem__(self, scheme: str, cls: type[ObjectStore]) -> None:
+        if scheme not in _BACKENDS:
+            raise KeyError(f"no URL scheme {scheme!r}; known: {', '.join(SCHEMES)}")
+        self._set[scheme] = cls
+
+    def __delitem__(self, scheme: str) -> None:
+        del self._set[scheme]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_BACKENDS)
+
+    def __len__(self) -> int:
+        return len(_BACKENDS)
 
 
-def parse_store_url(url: str) -> tuple[str, str, str]:
-    """Split a store URL into (scheme, bucket or root directory, key prefix).
-
-    `s3://bucket/a/b/` gives ("s3", "bucket", "a/b"); `file:///srv/tiered` gives
-    ("file", "/srv/tiered", ""). Raises `ConfigError` naming the URL (with any user:password
-    part blanked out) for anything a backend could not serve safely.
-    """
-    shown = _redact(url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError as exc:
-        raise ConfigError(f"store URL {shown!r} does not parse: {exc}; {_EXPECTED}") from exc
-    scheme = parts.scheme.lower()
-    if scheme not in STORES:
-        known = ", ".join(f"{name}://" for name in sorted(STORES))
-        raise ConfigError(
-            f"store URL {shown!r}: unknown scheme {scheme or '(none)'!r}; known: {known} "
-            f"({_EXPECTED})"
-        )
-    if "@" in parts.netloc:
-        raise ConfigError(
-            f"store URL {shown!r}: credentials do not belong in the URL; set "
-            "cloud_storage_access_key / cloud_storage_secret_key or use the standard AWS chain"
-        )
-    if parts.query or parts.fragment:
-        raise ConfigError(f"store URL {shown!r}: '?query' and '#fragment' are not allowed")
-    if scheme == "s3":
-        bucket = parts.netloc
-        if not bucket:
-            raise ConfigError(f"store URL {shown!r} names no bucket; {_EXPECTED}")
-        problem = bucket_name_problem(bucket)
-        if problem:
-            raise ConfigError(f"store URL {shown!r}: bad bucket name {bucket!r}: {problem}")
-        return "s3", bucket, _prefix(parts.path, shown)
-    return "file", _file_root(parts, shown), ""
+#: backend class per URL scheme; the configured URL picks one by name
+STORES: MutableMapping[str, type[ObjectStore]] = _Registry()
 
 
-def bucket_name_problem(name: str) -> str | None:
-    """Why `name` is not a valid S3 bucket name, or None when it is."""
-    if not _BUCKET_RE.fullmatch(name):
-        return (
-            "use 3 to 63 lowercase letters, digits, '.' and '-', starting and ending with a "
-            "letter or digit"
-        )
-    if ".." in name or ".-" in name or "-." in name:
-        return "'.' may not be next to another '.' or a '-'"
-    try:
-        ipaddress.IPv4Address(name)
-    except ValueError:
-        pass
-    else:
-        return "it may not look like an IP address"
-    if name.startswith(_BUCKET_RESERVED_PREFIXES) or name.endswith(_BUCKET_RESERVED_SUFFIXES):
-        return "the prefix or suffix is reserved by AWS"
-    return None
-
-
-def _prefix(path: str, shown: str) -> str:
-    """The key prefix of an s3 URL, without leading or trailing '/'."""
-    prefix = urllib.parse.unquote(path).strip("/")
-    if not prefix:
-        return ""
-    for segment in prefix.split("/"):
-        if segment in ("", ".", ".."):
-            raise ConfigError(
-                f"store URL {shown!r}: the prefix may not contain empty, '.' or '..' segments"
-            )
-    if ":" in prefix:
-        raise ConfigError(f"store URL {shown!r}: the prefix may not contain ':'")
-    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in prefix):
-        raise ConfigError(f"store URL {shown!r}: the prefix may not contain control characters")
-    return prefix
-
-
-def _file_root(parts: urllib.parse.SplitResult, shown: str) -> str:
-    if parts.netloc not in ("", "localhost"):
-        raise ConfigError(
-            f"store URL {shown!r}: file URLs take an absolute path with three slashes, "
-            f"file:///abs/path; {parts.netloc!r} was read as a host name (relative paths are "
-            "not allowed)"
-        )
-    path = urllib.parse.unquote(parts.path)
-    if not path.startswith("/"):
-        raise ConfigError(f"store URL {shown!r}: the path must be absolute (file:///abs/path)")
-    segments = [s for s in path.split("/") if s]
-    if any(s in (".", "..") for s in segments) or "\x00" in path:
-        raise ConfigError(f"store URL {shown!r}: the path may not contain '.', '..' or NUL")
-    return "/" + "/".join(segments)
-
-
-def _redact(url: str) -> str:
-    """The URL with any `user:password@` blanked, so an error never prints a secret."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, tail = rest.partition("/")
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    return f"{scheme}{sep}{netloc}{slash}{tail}"
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def open_store(settings: StoreSettings, *, probe: bool | Literal["beside"] = True) -> ObjectStore:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import base64
 import builtins
-import concurrent.futures
 import functools
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -33,8 +31,7 @@ from tiered.store.errors import (
     PreconditionFailed,
     StoreError,
 )
-from tiered.store.file_range import FileRange
-from tiered.store.part_scheduler import PartScheduler
+from tiered.store.multipart import FileRange, PartScheduler, part_size, upload_parts
 from tiered.store.retry import Retrier, RetryPolicy, RetryStats, describe, error_code
 
 log = logging.getLogger(__name__)
@@ -43,8 +40,6 @@ T = TypeVar("T")
 
 #: S3 limits: parts are 5 MiB..5 GiB (the last may be smaller), at most 10,000 per upload, and
 #: DeleteObjects takes at most 1000 keys; keys are at most 1024 UTF-8 bytes.
-MIN_PART_SIZE = 5 * 1024 * 1024
-MAX_PARTS = 10_000
 DELETE_BATCH = 1000
 MAX_KEY_BYTES = 1024
 #: the flexible checksum tiered sends with each part (see `S3Store._checksum_args`)
@@ -218,12 +213,6 @@ class S3Store(ObjectStore):
 
         return self.retrier.call(operation, key, fn, mapper)
 
-    def _part_size(self, total: int) -> int:
-        """Configured chunk size, raised to S3's minimum and so that `total` fits the part
-        count limit."""
-        size = max(self.settings.multipart_chunksize, MIN_PART_SIZE)
-        return max(size, -(-total // MAX_PARTS))
-
     # -- writes ----------------------------------------------------------------------------
 
     def put(
@@ -302,64 +291,10 @@ class S3Store(ObjectStore):
     def _multipart(self, key: str, total: int,
                    read_part: Callable[[int, int], bytes | FileRange],
                    ready: Callable[[], None] | None = None) -> str:
-        """Upload `total` bytes as parts read by `read_part(offset, length)`, each part retried
-        on its own; any failure, or `ready()` raising (it runs while the parts go up), aborts
-        the upload so no orphaned parts are billed and no object appears."""
-        full = self._full(key)
-        part_size = self._part_size(total)
-        created = self._call(
-            "create_multipart_upload",
-            key,
-            lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=full,
-                                                         **self._checksum_args()),
-        )
-        upload_id = created["UploadId"]
-
-        stop = threading.Event()  # set when the upload fails: its queued parts stay unsent
-
-        def send(number: int, offset: int) -> dict[str, Any]:
-            if stop.is_set():
-                raise _Stopped
-            body = read_part(offset, min(part_size, total - offset))
-            return self._upload_part(key, full, upload_id, number, body)
-
-        offsets = list(enumerate(range(0, total, part_size), start=1))
-        try:
-            # parts go up concurrently (a single large segment is otherwise bound by one
-            # connection's throughput) through the store's one queue (`PartScheduler`), each
-            # retried on its own; the first failure stops the parts not yet sent and aborts
-            # the whole upload. `ready` runs here meanwhile: its work (the archiver's verdict
-            # and index PUTs) is off the object's critical path, and its refusal stops the
-            # parts not yet sent
-            with self._parts.upload():
-                futures = [self._parts.submit(functools.partial(send, number, offset))
-                           for number, offset in offsets]
-                try:
-                    if ready is not None:
-                        ready()
-                    parts = [f.result() for f in futures]
-                except BaseException:
-                    stop.set()
-                    for f in futures:
-                        f.cancel()
-                    # parts still on the wire finish first: one completing after the abort
-                    # would leave storage behind
-                    concurrent.futures.wait(futures)
-                    raise
-            done = self._call(
-                "complete_multipart_upload",
-                key,
-                lambda: self._client.complete_multipart_upload(
-                    Bucket=self.bucket,
-                    Key=full,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                ),
-            )
-        except BaseException:
-            self._abort(key, full, upload_id)
-            raise
-        return _strip_etag(done.get("ETag"))
+        """Upload `total` bytes as parts read by `read_part(offset, length)` (the engine is
+        `multipart.upload_parts`; this store makes the requests)."""
+        size = part_size(total, self.settings.multipart_chunksize)
+        return upload_parts(_S3Multipart(self, key), total, size, read_part, self._parts, ready)
 
     def _checksum_args(self) -> dict[str, str]:
         """`ChecksumAlgorithm` for a multipart upload. With botocore's default
@@ -398,19 +333,6 @@ class S3Store(ObjectStore):
 
         resp = self._call(f"upload_part#{number}", key, attempt)
         return {"ETag": str(resp["ETag"]), "PartNumber": number, **sums}
-
-    def _abort(self, key: str, full: str, upload_id: str) -> None:
-        try:
-            self._call(
-                "abort_multipart_upload",
-                key,
-                lambda: self._client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=full, UploadId=upload_id
-                ),
-            )
-        except StoreError as exc:
-            # the bucket's lifecycle rule for incomplete uploads is the backstop
-            log.warning("could not abort multipart upload of %s: %s", self._where(key), exc)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -522,8 +444,40 @@ class S3Store(ObjectStore):
         self._client.close()
 
 
-class _Stopped(Exception):
-    """A queued part of an upload that already failed: never sent."""
+class _S3Multipart:
+    """One object's multipart requests against S3, each retried by the store."""
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        self.store, self.key, self.full = store, key, store._full(key)
+
+    def create(self) -> str:
+        s = self.store
+        created = s._call("create_multipart_upload", self.key,
+                          lambda: s._client.create_multipart_upload(
+                              Bucket=s.bucket, Key=self.full, **s._checksum_args()))
+        return str(created["UploadId"])
+
+    def upload_part(self, upload_id: str, number: int, body: bytes | FileRange
+                    ) -> dict[str, Any]:
+        return self.store._upload_part(self.key, self.full, upload_id, number, body)
+
+    def complete(self, upload_id: str, parts: list[dict[str, Any]]) -> str:
+        s = self.store
+        done = s._call("complete_multipart_upload", self.key,
+                       lambda: s._client.complete_multipart_upload(
+                           Bucket=s.bucket, Key=self.full, UploadId=upload_id,
+                           MultipartUpload={"Parts": parts}))
+        return _strip_etag(done.get("ETag"))
+
+    def abort(self, upload_id: str) -> None:
+        s = self.store
+        try:
+            s._call("abort_multipart_upload", self.key,
+                    lambda: s._client.abort_multipart_upload(
+                        Bucket=s.bucket, Key=self.full, UploadId=upload_id))
+        except StoreError as exc:
+            # the bucket's lifecycle rule for incomplete uploads is the backstop
+            log.warning("could not abort multipart upload of %s: %s", s._where(self.key), exc)
 
 
 def _crc32c_b64(body: bytes | FileRange) -> str:

@@ -26,7 +26,7 @@ from tiered.app.daemon import (
     check_log_dirs,
     report_problems,
 )
-from tiered.cli.main import cli, config_option, json_option
+from tiered.cli.options import config_option, json_option
 
 if TYPE_CHECKING:
     from archiver.service import Archiver, PassReport
@@ -80,7 +80,7 @@ def _archiver(
 # --- run ---------------------------------------------------------------------------------------
 
 
-@cli.command("run")
+@click.command("run")
 @config_option
 @click.option("--metrics-host", default=DEFAULT_METRICS_HOST, show_default=True,
               help="Address /metrics and /health listen on (0.0.0.0: every interface).")
@@ -161,7 +161,7 @@ def _gc_for_one_pass() -> Iterator[None]:
         gc.unfreeze()
 
 
-@cli.command("archive")
+@click.command("archive")
 @config_option
 @click.option("--once", is_flag=True,
               help="Run one full pass and exit (required; `tiered run` is the daemon).")
@@ -200,7 +200,7 @@ def _check_topic(ctx: click.Context, param: click.Parameter, value: str | None) 
     return value
 
 
-@cli.command("describe-storage")
+@click.command("describe-storage")
 @config_option
 @click.option("--topic", default=None, callback=_check_topic, help="Only this topic.")
 @json_option
@@ -225,7 +225,7 @@ def describe_storage_command(config_path: Path, topic: str | None, as_json: bool
 # --- demo --------------------------------------------------------------------------------------
 
 
-@cli.command("demo")
+@click.command("demo")
 @click.option("--dir", "base_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("tiered-demo"), show_default=True,
               help="Where the demo keeps its log, bucket and config.")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from tiered.cli.main import cli, config_option
+from tiered.cli.options import config_option
 
 log = logging.getLogger("tiered.fetch")
 
@@ -22,7 +22,7 @@ log = logging.getLogger("tiered.fetch")
 _DEFAULT_MAX_BYTES = 1 << 20
 
 
-@cli.command("fetch")
+@click.command("fetch")
 @config_option
 @click.option("--topic", required=True, help="Topic name.")
 @click.option("--partition", type=click.IntRange(min=0), required=True, help="Partition number.")

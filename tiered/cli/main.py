@@ -9,59 +9,71 @@ because that is a bug to report.
 from __future__ import annotations
 
 import gc
-import json
-import logging
-import sys
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+import importlib
 
 import click
 
 from tiered import __version__
-from tiered.errors import ConfigError, TieredError
+from tiered.cli.options import ErrorGroup, setup_logging
 
-log = logging.getLogger("tiered")
-
-
-class _Group(click.Group):
-    """A click group that turns domain errors into a message and an exit code."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except ConfigError as exc:
-            for problem in exc.problems:
-                click.echo(f"error: {problem}", err=True)
-            ctx.exit(exc.exit_code)
-        except TieredError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
-
-
-def _setup_logging(verbose: int, quiet: bool) -> None:
-    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # boto's own chatter is noise at INFO
-    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "py4j"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
-
-
-config_option = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The TOML configuration file.",
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
+#: every subcommand: name -> ("module:attribute", short help). The group imports a module only
+#: when its command runs (or its own --help is asked for): `tiered --help` and a local fetch do
+#: not load boto3, and only merge, recover and scrub load Spark. The short help is repeated
+#: here so `tiered --help` need not import anything; a test keeps it equal to each command's.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "archive": ("tiered.cli.commands:archive_command",
+        "One full archiving pass: upload every eligible segment, commit manifests, apply "
+        "remote and local retention, collect garbage."),
+    "config": ("tiered.cli.inspect:config_group",
+        "Inspect and validate configuration files."),
+    "demo": ("tiered.cli.commands:demo_command",
+        "Write a sample topic, archive it to a local-directory bucket, trim local "
+        "retention, and show what is local and what is remote."),
+    "describe-storage": ("tiered.cli.commands:describe_storage_command",
+        "Per partition: what is on local disk, what is in the bucket, what waits for "
+        "upload, and the offset below which local deletion is safe."),
+    "fetch": ("tiered.cli.fetch:fetch_command",
+        "Fetch record batches of TOPIC/PARTITION starting at OFFSET."),
+    "log": ("tiered.cli.inspect:log_group",
+        "Look inside Kafka log files."),
+    "merge": ("tiered.cli.spark:merge_command",
+        "Merge runs of small adjacent segments in the bucket into larger ones (Redpanda's "
+        "adjacent segment merging), on Spark."),
+    "recover": ("tiered.cli.spark:recover_command",
+        "Recreate a topic's Kafka log directory from the bucket, or (--rebuild-manifests) "
+        "rebuild manifests from the segment objects."),
+    "run": ("tiered.cli.commands:run_command",
+        "Run the archiver daemon until SIGTERM or Ctrl-C."),
+    "scrub": ("tiered.cli.spark:scrub_command",
+        "Check every object the manifests name: present, right size and checksum, batch "
+        "CRCs intact; find gaps, overlaps and orphans."),
+}
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def load_command(name: str) -> click.Command:
+    """The command `name` of `COMMANDS`, importing its module."""
+    module, _, attr = COMMANDS[name][0].partition(":")
+    command = getattr(importlib.import_module(module), attr)
+    assert isinstance(command, click.Command), f"{module}:{attr} is not a click command"
+    return command
+
+
+class LazyGroup(ErrorGroup):
+    """The `tiered` group: subcommands from `COMMANDS`, imported when used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return load_command(cmd_name) if cmd_name in COMMANDS else None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_, help_) in sorted(COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tiered")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
@@ -71,93 +83,7 @@ def cli(verbose: int, quiet: bool) -> None:
     Uploads closed log segments to S3-compatible object storage, serves reads of data that has
     left the local disk, and runs maintenance on the bucket.
     """
-    _setup_logging(verbose, quiet)
-
-
-# --- config ------------------------------------------------------------------------------
-
-
-@cli.group("config", cls=_Group)
-def config_group() -> None:
-    """Inspect and validate configuration files."""
-
-
-def _echo_sections(effective: Mapping[str, Any]) -> None:
-    """Print the effective configuration as TOML-like sections, values as JSON literals."""
-    scalars = {k: v for k, v in effective.items() if not isinstance(v, Mapping)}
-    for key, value in scalars.items():
-        click.echo(f"{key} = {json.dumps(value, default=str)}")
-    for name, section in effective.items():
-        if not isinstance(section, Mapping):
-            continue
-        nested = {k: v for k, v in section.items() if isinstance(v, Mapping)}
-        flat = {k: v for k, v in section.items() if not isinstance(v, Mapping)}
-        if flat or not nested:
-            click.echo(f"\n[{name}]")
-            for key, value in flat.items():
-                click.echo(f"{key} = {json.dumps(value, default=str)}")
-        for sub, values in nested.items():
-            click.echo(f'\n[{name}."{sub}"]')
-            for key, value in values.items():
-                click.echo(f'"{key}" = {json.dumps(value, default=str)}')
-
-
-@config_group.command("check")
-@config_option
-@json_option
-def config_check(config_path: Path, as_json: bool) -> None:
-    """Validate FILE and print the effective configuration (secrets masked).
-
-    Exits 0 when the file is valid, 2 with every problem listed when it is not.
-    """
-    from tiered.config import check_config
-
-    effective, problems = check_config(config_path)
-    if problems or effective is None:
-        if as_json:
-            click.echo(json.dumps({"ok": False, "problems": problems}, indent=2))
-        for problem in problems:
-            click.echo(f"error: {problem}", err=True)
-        sys.exit(2)
-    if as_json:
-        click.echo(json.dumps({"ok": True, "config": effective}, indent=2, default=str))
-    else:
-        _echo_sections(effective)
-
-
-# --- log -----------------------------------------------------------------------------------
-
-
-@cli.group("log", cls=_Group)
-def log_group() -> None:
-    """Look inside Kafka log files."""
-
-
-@log_group.command("dump")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--records", is_flag=True, help="Also print every record of every batch.")
-@json_option
-def log_dump(path: Path, records: bool, as_json: bool) -> None:
-    """Dump a segment (.log), offset index (.index) or time index (.timeindex) file.
-
-    Like kafka-dump-log.sh: one line per batch with offsets, count, timestamps, size and CRC
-    status. Exits 1 when any batch fails its CRC or the file is truncated or malformed.
-    """
-    from tiered.kafka.dump import dump_file
-
-    report = dump_file(path, records=records)
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        for line in report.lines():
-            click.echo(line)
-    if not report.ok:
-        sys.exit(1)
-
-# Commands defined elsewhere register themselves on `cli` when imported.
-import tiered.cli.commands  # noqa: E402,F401 - run, archive, describe-storage, demo
-import tiered.cli.fetch  # noqa: E402,F401 - fetch
-import tiered.cli.spark  # noqa: E402,F401 - merge, recover, scrub
+    setup_logging(verbose, quiet)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,11 +96,3 @@ def main(argv: list[str] | None = None) -> None:
         # over 1% of `archive --once` on the upload benchmark). Files and logs are closed by
         # then (context managers, atexit), so nothing waits on a finalizer.
         gc.freeze()
-
-
-if __name__ == "__main__":
-    # `python -m tiered.cli.main` runs this file as __main__, a second copy of the module: the
-    # commands registered themselves on `tiered.cli.main.cli`, so run that one.
-    from tiered.cli.main import main as _main
-
-    _main()

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from spark_jobs.common import JobContext, emit_summary
-from tiered.cli.main import cli, config_option, json_option
+from tiered.cli.options import config_option, json_option
 from tiered.config.units import UnitError, format_size, parse_size
 
 master_option = click.option(
@@ -75,7 +75,7 @@ def merge_lines(summary: dict[str, Any]) -> Iterable[str]:
         yield f"error: {err}"
 
 
-@cli.command("merge")
+@click.command("merge")
 @config_option
 @click.option("--topic", default=None, help="Only this topic (default: every topic).")
 @master_option
@@ -108,7 +108,7 @@ def merge_command(
 # -- recover -----------------------------------------------------------------------------------
 
 
-@cli.command("recover")
+@click.command("recover")
 @config_option
 @click.option("--topic", default=None, help="The topic to recover (required with --log-dir).")
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -153,7 +153,7 @@ def recover_command(
 # -- scrub -------------------------------------------------------------------------------------
 
 
-@cli.command("scrub")
+@click.command("scrub")
 @config_option
 @click.option("--topic", default=None, help="Only this topic (default: every topic).")
 @click.option("--delete-orphans", is_flag=True,

@@ -280,7 +280,7 @@ def _prepare_dirs(parts: list[_Partition], overwrite: bool) -> list[str]:
     if busy and not overwrite:
         raise TieredError(
             f"refusing to recover into non-empty partition directories: "
-            f"{', '.join(map(str, busy))}; move them away first (or pass overwrite)"
+            f"{', '.join(map(str, busy))}; move them away first (or pass --overwrite)"
         )
     moved = []
     for d in busy:

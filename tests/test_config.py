@@ -725,6 +725,22 @@ def test_cli_config_check_exit_codes(in_tmp: Path) -> None:
     assert "sk-value" not in result.output
 
 
+def test_config_check_requires_the_log_dirs_as_the_commands_do(in_tmp: Path) -> None:
+    from click.testing import CliRunner
+
+    from tiered.cli.main import cli
+
+    Path("t.toml").write_text(BASE + '[log]\ndirs = ["no-such-dir"]\n')
+    result = CliRunner().invoke(cli, ["config", "check", "--config", "t.toml"])
+    assert result.exit_code == 2
+    assert "[log] dirs:" in result.stderr and "no-such-dir does not exist" in result.stderr
+    skipped = CliRunner().invoke(cli, ["config", "check", "--config", "t.toml",
+                                       "--skip-dir-check"])
+    assert skipped.exit_code == 0, skipped.output
+    Path("no-such-dir").mkdir()
+    assert CliRunner().invoke(cli, ["config", "check", "--config", "t.toml"]).exit_code == 0
+
+
 def test_parse_config_without_a_file() -> None:
     config = parse_config(
         {"storage": {"url": "s3://bucket-a"}}, source="<test>", base_dir=Path("/srv")
@@ -737,7 +753,7 @@ def test_parse_config_without_a_file() -> None:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")), ids=lambda p: p.name)
 def test_examples_are_valid(path: Path) -> None:
-    effective, problems = check_config(path)
+    effective, problems = check_config(path, check_dirs=False)
     assert problems == []
     assert effective is not None
 

@@ -46,7 +46,7 @@ def test_good_log(segment: Segment) -> None:
     assert lines[1] == "Log starting offset: 0"
     assert lines[2].startswith("baseOffset: 0 lastOffset: 2 count: 3 baseSequence: -1 ")
     assert "position: 0 " in lines[2] and "crcStatus: OK" in lines[2]
-    assert f"crc: {headers[0].crc} " in lines[2] and "compresscodec: none" in lines[2]
+    assert f"crc: 0x{headers[0].crc:08x} " in lines[2] and "compresscodec: none" in lines[2]
     assert "compresscodec: gzip" in lines[3]
     assert "isTransactional: true isControl: true" in lines[-2]
     assert lines[-1] == f"{len(headers)} batches, OK"

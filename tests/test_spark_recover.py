@@ -184,7 +184,8 @@ def test_refuses_a_non_empty_partition_dir_unless_told(
     ctx, store = bucket
     log_dir, archived = _archived_log(tmp_path, ctx, store)
 
-    with pytest.raises(TieredError, match=r"non-empty partition directories.*orders-0"):
+    with pytest.raises(TieredError,
+                       match=r"non-empty partition directories.*orders-0.*--overwrite"):
         run_recover(ctx, topic=TOPIC, log_dir=log_dir, max_bytes=None)
     assert (log_dir / f"{TOPIC}-0" / segment_file_name(0)).exists()  # nothing touched
 

@@ -43,15 +43,18 @@ def _echo_sections(effective: Mapping[str, Any]) -> None:
 
 @config_group.command("check")
 @config_option
+@click.option("--skip-dir-check", is_flag=True,
+              help="Do not require the [log] dirs to exist here (a file for another host).")
 @json_option
-def config_check(config_path: Path, as_json: bool) -> None:
+def config_check(config_path: Path, skip_dir_check: bool, as_json: bool) -> None:
     """Validate FILE and print the effective configuration (secrets masked).
 
-    Exits 0 when the file is valid, 2 with every problem listed when it is not.
+    Exits 0 when the file is valid, 2 with every problem listed when it is not. The [log]
+    dirs must exist, as every command that reads the log requires.
     """
     from tiered.config import check_config
 
-    effective, problems = check_config(config_path)
+    effective, problems = check_config(config_path, check_dirs=not skip_dir_check)
     if problems or effective is None:
         if as_json:
             click.echo(json.dumps({"ok": False, "problems": problems}, indent=2))

@@ -274,13 +274,22 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     return parse_config(data, source=source, base_dir=file.absolute().parent)
 
 
-def check_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, list[str]]:
+def check_config(
+    path: str | os.PathLike[str], *, check_dirs: bool = True
+) -> tuple[dict[str, Any] | None, list[str]]:
     """For `tiered config check`: (effective config with secrets masked, []) when the file is
-    valid, else (None, every problem)."""
+    valid, else (None, every problem). `check_dirs`: also require every `[log] dirs` entry to
+    exist here, as the commands that read the log do (off to check a file meant for another
+    host, such as a container's)."""
     try:
         config = load_config(path)
     except ConfigError as exc:
         return None, list(exc.problems)
+    # the commands that read the log refuse a missing dir; the check says so too
+    missing = [f"{config.source}: [log] dirs: {d} does not exist or is not a directory"
+               for d in config.log_dirs if check_dirs and not d.is_dir()]
+    if missing:
+        return None, missing
     return config.effective(mask_secrets=True), []
 
 

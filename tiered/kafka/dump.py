@@ -250,7 +250,7 @@ def _batch_line(batch: BatchDump) -> str:
         f"isTransactional: {_flag(h.is_transactional)} isControl: {_flag(h.is_control)} "
         f"position: {h.position} firstTimestamp: {h.first_timestamp} "
         f"{_TIMESTAMP_TYPE_NAMES[h.timestamp_type]}: {h.max_timestamp} size: {h.size} "
-        f"magic: {h.magic} compresscodec: {h.compression} crc: {h.crc} "
+        f"magic: {h.magic} compresscodec: {h.compression} crc: 0x{h.crc:08x} "
         f"crcStatus: {'OK' if batch.crc_ok else 'BAD'}"
     )
 
@@ -327,7 +327,8 @@ def _dump_log(path: Path, report: DumpReport) -> None:
             batch = BatchDump(header, crc32c.crc32c(memoryview(data)[ATTRIBUTES_OFFSET:]))
             if not batch.crc_ok:
                 report.problem(pos, f"CRC-32C mismatch in batch at offset {header.base_offset}: "
-                                    f"stored {header.crc}, computed {batch.computed_crc}")
+                                    f"stored 0x{header.crc:08x}, "
+                                    f"computed 0x{batch.computed_crc:08x}")
             elif report.with_records:
                 batch = _with_records(batch, data, report)
             if prev_next_offset is not None and header.base_offset < prev_next_offset:

@@ -75,7 +75,7 @@ class ControllerParams:
 
     @classmethod
     def from_properties(cls, values: Mapping[str, Any]) -> ControllerParams:
-        """Build from parsed cluster properties; missing keys take the seed's defaults."""
+        """Build from parsed cluster properties; missing keys take Redpanda's defaults."""
         d = cls()
         return cls(
             p_coeff=values.get("cloud_storage_upload_ctrl_p_coeff", d.p_coeff),

@@ -134,7 +134,7 @@ class SpaceParams:
     @classmethod
     def from_properties(cls, values: Mapping[str, Any]) -> SpaceParams:
         """Build from parsed cluster properties (`tiered.config.properties` names); a missing key
-        takes the seed's default, a bad value is a ConfigError naming the key."""
+        takes Redpanda's default, a bad value is a ConfigError naming the key."""
         defaults = cls()
         picked = {
             f.name: values.get(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)
@@ -177,7 +177,7 @@ def _is_number(value: object) -> bool:
 
 
 class Phase(enum.IntEnum):
-    """Seed 000's phases of data removal, in the order they are tried."""
+    """Redpanda's phases of data removal, in the order they are tried."""
 
     RETENTION = 1  # follow the retention policy
     LOCAL_RETENTION = 2  # trim to the effective local retention

@@ -169,7 +169,7 @@ class UploadParams:
 
     #: `cloud_storage_segment_max_upload_interval_sec`; None (the default) disables idle uploads
     segment_max_upload_interval_sec: int | None = None
-    #: segments (or prefixes) picked per round; tiered's own knob, the seeds name none
+    #: segments (or prefixes) picked per round; tiered's own knob, Redpanda names none
     max_candidates_per_round: int = 8
 
     def __post_init__(self) -> None:
@@ -188,7 +188,7 @@ class UploadParams:
     def from_properties(
         cls, values: Mapping[str, object], *, max_candidates_per_round: int = 8
     ) -> UploadParams:
-        """Build from parsed cluster properties (missing keys take the seed's default)."""
+        """Build from parsed cluster properties (missing keys take Redpanda's default)."""
         raw = values.get("cloud_storage_segment_max_upload_interval_sec")
         if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int)):
             raise ConfigError(

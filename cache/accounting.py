@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """The read cache's configuration, by the seed's property names (sizes in bytes)."""
+    """The read cache's configuration, by Redpanda's property names (sizes in bytes)."""
 
     #: cloud_storage_cache_size: None when only the percentage applies
     size_bytes: int | None = None

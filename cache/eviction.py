@@ -131,7 +131,7 @@ class LruStrategy(EvictionStrategy):
 
 @dataclass(frozen=True)
 class EagerStrategy(EvictionStrategy):
-    """Seed 001's default: a chunk no reader holds goes at once; no sorting."""
+    """Redpanda's default: a chunk no reader holds goes at once; no sorting."""
 
     name: ClassVar[str] = "eager"
 

@@ -75,7 +75,7 @@ class ManifestSettings:
         `cloud_storage_target_manifest_size_bytes` are already resolved there). Missing keys
         take the defaults."""
         spill = cluster.get("cloud_storage_spillover_manifest_size")
-        if spill is None:  # a raw mapping may still carry the seed's name
+        if spill is None:  # a raw mapping may still carry the older name
             spill = cluster.get("cloud_storage_target_manifest_size_bytes")
         cache = cluster.get("cloud_storage_manifest_cache_size")
         return cls(

@@ -1,6 +1,6 @@
 """Planning adjacent-segment merges: pure functions over manifest data, no I/O.
 
-Seed 001's rules ("Adjacent segment merging"):
+Redpanda's rules ("Adjacent segment merging"):
 
 * a segment smaller than `cloud_storage_segment_size_min` is a merge candidate (default: half
   the topic's segment size);

@@ -161,3 +161,27 @@ def test_disk_alert_state_is_computed_in_either_mode(
     archiver = Archiver(config, s3_store, clock=Clock(), disk_usage=Disk(free=free))
     archiver.local_retention()
     assert archiver.snapshot().disk_alert_state == state
+
+
+def test_kafka_internal_topics_are_left_alone_unless_a_topic_section_asks(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """`__consumer_offsets` and friends are the broker's own state: not uploaded, not trimmed
+    even under disk pressure in enforce mode; a topic section can turn remote write on."""
+    config = make_config(tmp_path, cluster=PRESSURE, topics={
+        "__transaction_state": {"redpanda.remote.write": True}})
+    log_dir = config.log_dirs[0]
+    for topic in ("__consumer_offsets", "__transaction_state", "orders"):
+        write_partition(log_dir, topic, 0, batches=20)
+    before = logs(log_dir, "__consumer_offsets", 0)
+    archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk(free=GiB))
+    assert not config.topic_config("__consumer_offsets").remote_write
+    assert not config.topic_config("__cluster_metadata").remote_write
+    assert config.topic_config("__transaction_state").remote_write
+    rows = {r.topic: r for r in archiver.run_once().partitions}
+    assert rows["__consumer_offsets"].decision == "remote_write_off"
+    assert rows["orders"].uploaded_segments > 0
+    assert rows["__transaction_state"].uploaded_segments > 0
+    assert logs(log_dir, "__consumer_offsets", 0) == before  # never trimmed
+    assert len(logs(log_dir, "orders", 0)) < len(before)  # the pressure did trim the others
+    assert not [i.key for i in file_store.list("") if "__consumer_offsets" in i.key]

@@ -1,5 +1,5 @@
 """The configuration file: every bad input is one clear problem naming file, section and key;
-properties parse by kind; topic settings follow the seeds' precedence (tiered.config.model,
+properties parse by kind; topic settings follow Redpanda's precedence (tiered.config.model,
 tiered.config.properties)."""
 
 from __future__ import annotations

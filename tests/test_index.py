@@ -54,7 +54,7 @@ def test_time_index_file_round_trip(tmp_path: Path) -> None:
 
 def test_offset_lookup_returns_largest_entry_at_or_below_target() -> None:
     index = OffsetIndex(0, [IndexEntry(100, 15240), IndexEntry(200, 30480), IndexEntry(300, 45720)])
-    assert index.lookup(150) == IndexEntry(100, 15240)  # the seed's example
+    assert index.lookup(150) == IndexEntry(100, 15240)  # the documentation's example
     assert index.lookup(200) == IndexEntry(200, 30480)
     assert index.lookup(10**12) == IndexEntry(300, 45720)
     # below the first entry: scan from the start of the segment, as Kafka does

@@ -21,6 +21,13 @@ def _shown(name: str) -> str:
     return repr(name if len(name) <= _SHOWN_MAX else name[:_SHOWN_MAX] + "...")
 
 
+def is_internal_topic(name: str) -> bool:
+    """Kafka's internal topics (`__consumer_offsets`, `__transaction_state`,
+    `__cluster_metadata`, ...: every name starting `__`). They are the broker's own state, not
+    history anyone reads back, so tiered leaves them alone unless a topic section asks."""
+    return name.startswith("__")
+
+
 def topic_name_problem(name: object) -> str | None:
     """Why `name` is not a legal Kafka topic name, or None when it is."""
     if not isinstance(name, str):

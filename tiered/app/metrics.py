@@ -5,7 +5,7 @@ The archiver and the reader count what they do (`Archiver.snapshot()` -> `Archiv
 `Reader.stats` with the chunk cache's counters under "cache"); the collectors here only
 translate those plain numbers into metric families at scrape time, so nothing is
 double-counted and neither the archiver nor the reader imports prometheus-client. Names
-follow the seeds' spirit (`vectorized_ntp_archiver_pending`,
+follow Redpanda's (`vectorized_ntp_archiver_pending`,
 `redpanda_storage_disk_free_space_alert`) under the `tiered_` prefix; counters end in
 `_total`, sizes in `_bytes`.
 

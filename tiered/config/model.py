@@ -31,7 +31,7 @@ from tiered.config.properties import (
     resolve_topic,
 )
 from tiered.errors import ConfigError
-from tiered.topics import topic_name_problem
+from tiered.topics import is_internal_topic, topic_name_problem
 
 if TYPE_CHECKING:
     from tiered.store.base import StoreSettings
@@ -144,7 +144,7 @@ class TopicConfig:
 
     @property
     def remote_retention_applies(self) -> bool:
-        """Seed 001: with cleanup.policy=compact alone, retention deletes nothing remotely."""
+        """With cleanup.policy=compact alone, retention deletes nothing remotely (as in Redpanda)."""
         return "delete" in self.cleanup_policy.split(",")
 
 
@@ -175,6 +175,10 @@ class Config:
         overrides = self.topics.get(topic, {})
         values = resolve_topic(self.cluster, overrides)
         kwargs: dict[str, Any] = {TOPIC_FIELDS[name]: value for name, value in values.items()}
+        if is_internal_topic(topic) and "redpanda.remote.write" not in overrides:
+            # the broker's own state: neither uploaded nor trimmed unless the topic's section
+            # turns remote write on explicitly
+            kwargs["remote_write"] = False
         segment_bytes = int(values["segment.bytes"] or 0)
         target = self.cluster["cloud_storage_segment_size_target"]
         minimum = self.cluster["cloud_storage_segment_size_min"]

@@ -1,6 +1,6 @@
 """The one registry of every configuration property tiered accepts.
 
-Cluster properties carry the seeds' flat names and defaults (`cloud_storage_*`, `log_*`,
+Cluster properties carry Redpanda's flat names and defaults (`cloud_storage_*`, `log_*`,
 `retention_*`, `disk_reservation_percent`, ...); topic properties carry the dotted names
 (`retention.ms`, `redpanda.remote.write`, ...) and name the cluster property they fall back to.
 Kafka's own spellings are aliases. An alias may stand for more than one property: Kafka's
@@ -158,7 +158,7 @@ def _t(name: str, kind: Kind, default: Value, doc: str, **kw: Any) -> Property:
     return Property(name=name, kind=kind, default=default, scope="topic", doc=doc, **kw)
 
 
-_PICKED = "The seeds give no default; tiered picks"
+_PICKED = "Redpanda's documentation gives no default; tiered picks"
 
 # fmt: off
 # (one property per call keeps the tables scannable; the formatter would spread each over 6 lines)
@@ -199,7 +199,7 @@ CLUSTER: tuple[Property, ...] = (
        "redpanda.remote.read; true for the same reason as remote write."),
     _c("cloud_storage_segment_max_upload_interval_sec", "int", None, "Idle timeout in "
        "seconds: upload the stable prefix of an active segment that has had no upload for "
-       "this long. Not set (default): wait for the segment to close. Seed's advice: 600.",
+       "this long. Not set (default): wait for the segment to close. Redpanda's advice: 600.",
        min=1),
     # upload backlog controller
     _c("cloud_storage_upload_ctrl_update_interval_ms", "ms", 60_000, "Recompute interval of "
@@ -232,7 +232,7 @@ CLUSTER: tuple[Property, ...] = (
     # archived metadata
     _c("cloud_storage_spillover_manifest_size", "size", 64 * 1024, "Target size of the "
        "manifest kept in the bucket's head; older entries spill into archived manifests. "
-       "Seed 001 calls it cloud_storage_target_manifest_size_bytes.", min=1024,
+       "Older Redpanda documentation calls it cloud_storage_target_manifest_size_bytes.", min=1024,
        aliases=("cloud_storage_target_manifest_size_bytes",)),
     _c("cloud_storage_manifest_cache_size", "size", MiB, "Memory for archived manifests "
        f"loaded to serve historical reads. {_PICKED} 1 MiB, Redpanda's default.", min=1),
@@ -245,8 +245,8 @@ CLUSTER: tuple[Property, ...] = (
     _c("cloud_storage_cache_max_objects", "int", 100_000, "Most objects (chunks and "
        f"indices) the cache may hold. {_PICKED} 100000, Redpanda's default.", min=1),
     _c("cloud_storage_cache_trim_threshold_percent_size", "percent", 100.0, "Start trimming "
-       "when the cache reaches this share of its size limit. Default 100 (the seed's "
-       "'unset': trim when full); the seed recommends 70.", min=0, max=100),
+       "when the cache reaches this share of its size limit. Default 100 (Redpanda's "
+       "'unset': trim when full); Redpanda recommends 70.", min=0, max=100),
     _c("cloud_storage_cache_trim_threshold_percent_objects", "percent", 100.0, "Start "
        "trimming when the cache reaches this share of its object limit. Default 100 (trim "
        "when full).", min=0, max=100),

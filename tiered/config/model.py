@@ -144,7 +144,8 @@ class TopicConfig:
 
     @property
     def remote_retention_applies(self) -> bool:
-        """With cleanup.policy=compact alone, retention deletes nothing remotely (as in Redpanda)."""
+        """With cleanup.policy=compact alone, retention deletes nothing remotely (as in
+        Redpanda)."""
         return "delete" in self.cleanup_policy.split(",")
 
 

@@ -9,8 +9,8 @@ guessed. A decimal number is accepted only when it comes out at a whole number o
 (``"1.5KiB"`` is 1536; ``"1.1KiB"`` is refused).
 
 A duration is whole milliseconds: a plain integer (already milliseconds, as every ``*_ms``
-property of Redpanda's documentation), or a string of one or more number-unit pairs, ``"500ms"``, ``"30s"``,
-``"15m"``, ``"1h30m"``, ``"7d"``, ``"2w"``.
+property in Redpanda's documentation), or a string of one or more number-unit pairs,
+``"500ms"``, ``"30s"``, ``"15m"``, ``"1h30m"``, ``"7d"``, ``"2w"``.
 
 Negative values are refused here; Kafka's ``-1`` ("no limit") is the caller's business, because
 only some properties mean anything by it (see `tiered.config.properties`).
@@ -242,7 +242,8 @@ def parse_choice(value: object, choices: tuple[str, ...]) -> str:
 
 
 def parse_text(value: object) -> str:
-    """A non-blank string. Blank is refused: Redpanda's documentation warns that "" does not reset a property."""
+    """A non-blank string. Blank is refused: Redpanda's documentation warns that "" does not
+    reset a property."""
     if not isinstance(value, str):
         raise UnitError(f"expected a string, got {describe(value)}")
     if not value.strip():

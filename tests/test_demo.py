@@ -5,6 +5,8 @@ from the bucket, and continues on a second run."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -185,3 +187,16 @@ def test_written_config_loads_back_to_the_demo_settings(tmp_path: Path) -> None:
     assert mine == theirs
     assert loaded.log_retention_mode == "enforce"
     assert loaded.cluster["retention_local_strict"] is True
+
+
+def test_the_demo_summary_is_not_buried_in_log_lines(tmp_path: Path) -> None:
+    """On a terminal the demo's summary is its output: no INFO lines unless -v asks."""
+    run = subprocess.run([sys.executable, "-m", "tiered.cli", "demo", "--dir",
+                          str(tmp_path / "demo")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert " INFO " not in run.stderr, run.stderr[:2000]
+    assert run.stdout.strip()
+    verbose = subprocess.run([sys.executable, "-m", "tiered.cli", "-v", "demo", "--dir",
+                              str(tmp_path / "demo")], capture_output=True, text=True,
+                             timeout=300)
+    assert verbose.returncode == 0 and " INFO " in verbose.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -233,6 +234,10 @@ def demo_command(base_dir: Path) -> None:
     """Write a sample topic, archive it to a local-directory bucket, trim local retention,
     and show what is local and what is remote. No server needed; runs again to add more."""
     from tiered.app.demo import run_demo
+
+    if click.get_current_context().find_root().params.get("verbose", 0) == 0:
+        # the summary is the demo's output: the passes' INFO lines would bury it (-v shows them)
+        logging.getLogger().setLevel(logging.WARNING)
 
     result = run_demo(base_dir, echo=click.echo)
     sys.exit(0 if result.ok else 1)

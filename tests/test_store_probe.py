@@ -243,3 +243,13 @@ def test_open_store_beside_probes_on_its_own_thread(tmp_path: Path,
         store.verdict()
     store.close()
     assert list(store.inner.list()) == []  # the probe cleaned up before close returned
+
+
+def test_a_healthy_start_counts_no_store_error(s3_store: S3Store) -> None:
+    """The probe's refused conditions are the answers it asks for, and a missing key is an
+    answer too: neither counts in tiered_store_errors_total (an alert on it must not fire on
+    every restart)."""
+    assert probe_conditional_writes(s3_store) is True
+    assert not s3_store.exists("no/such/key")
+    counts = s3_store.stats.snapshot()
+    assert counts["errors"] == 0 and counts["operations"] > 5

@@ -26,7 +26,11 @@ import urllib3.exceptions
 
 from tiered.errors import ConfigError
 from tiered.store.base import StoreSettings
-from tiered.store.errors import StoreError
+from tiered.store.errors import ObjectNotFound, PreconditionFailed, StoreError
+
+#: outcomes that are the store's answer, not its failure: a refused condition (the probe's
+#: expected 412s, a lost compare-and-swap race) and a missing key
+ANSWERS = (PreconditionFailed, ObjectNotFound)
 
 log = logging.getLogger(__name__)
 
@@ -261,13 +265,16 @@ class Retrier:
         stats.add(operations=1)
         try:
             return retrying(counted)
-        except StoreError:
+        except StoreError as exc:
             # already a domain error (raised by `fn` itself): pass through untouched
-            stats.add(errors=1)
+            if not isinstance(exc, ANSWERS):
+                stats.add(errors=1)
             raise
         except Exception as exc:
             retryable = self.classify(exc)
-            stats.add(errors=1, exhausted=1 if retryable else 0)
+            mapped = map_error(exc, attempts)
+            if not isinstance(mapped, ANSWERS):
+                stats.add(errors=1, exhausted=1 if retryable else 0)
             if retryable:
                 log.error(
                     "store %s %r: giving up after %d attempts: %s",
@@ -276,7 +283,7 @@ class Retrier:
                     attempts,
                     describe(exc),
                 )
-            raise map_error(exc, attempts) from exc
+            raise mapped from exc
 
 
 def describe(exc: BaseException) -> str:

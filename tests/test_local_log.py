@@ -164,3 +164,18 @@ def test_partition_dir_without_segments_yet(tmp_path: Path) -> None:
 def test_a_single_path_is_not_mistaken_for_a_list(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         LocalLog(str(tmp_path))  # type: ignore[arg-type]
+
+
+def test_a_stray_directory_is_reported_once_per_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`lost+found` (and a `-delete` directory) would otherwise be reported on every scan."""
+    log_dir = tmp_path / "logs"
+    (log_dir / "lost+found").mkdir(parents=True)
+    (log_dir / "orders-0.abc123-delete").mkdir()
+    with caplog.at_level(logging.DEBUG, logger="tiered.kafka.local_log"):
+        for _ in range(5):
+            LocalLog([log_dir]).scan()
+    loud = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert len([r for r in loud if "lost+found" in r.getMessage()]) == 1
+    assert len([r for r in loud if "-delete" in r.getMessage()]) == 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -227,6 +228,20 @@ def _read_dir_checkpoints(log_dir: Path) -> _DirCheckpoints:
     )
 
 
+#: (path, reason) already reported by this process: a `lost+found` or a `-delete` directory is
+#: said once, not on every scan (a daemon scans every few seconds)
+_REPORTED: set[tuple[str, str]] = set()
+_REPORTED_LOCK = threading.Lock()
+
+
+def _skipping(path: str, reason: str, level: int) -> None:
+    """Log that `path` is skipped, once per process at `level`, then at DEBUG."""
+    with _REPORTED_LOCK:
+        first = (path, reason) not in _REPORTED
+        _REPORTED.add((path, reason))
+    log.log(level if first else logging.DEBUG, "%s: %s; skipping", path, reason)
+
+
 def _scan_log_dir(log_dir: Path) -> Iterator[PartitionLog]:
     try:
         entries = sorted(os.scandir(log_dir), key=lambda e: e.name)
@@ -242,17 +257,17 @@ def _scan_log_dir(log_dir: Path) -> Iterator[PartitionLog]:
             is_dir = False
         if not is_dir:
             if name not in KNOWN_LOG_DIR_FILES and not name.endswith(".tmp"):
-                log.info("%s: not a partition directory; skipping", entry.path)
+                _skipping(entry.path, "not a partition directory", logging.INFO)
             continue
         reason = next((why for suffix, why in SKIPPED_DIR_SUFFIXES.items()
                        if name.endswith(suffix)), None)
         if reason is not None:
-            log.info("%s: %s; skipping", entry.path, reason)
+            _skipping(entry.path, reason, logging.INFO)
             continue
         try:
             tp = TopicPartition.parse(name)
         except InvalidTopicPartition as err:
-            log.warning("%s: not a partition directory (%s); skipping", entry.path, err)
+            _skipping(entry.path, f"not a partition directory ({err})", logging.WARNING)
             continue
         yield _load_partition(tp, Path(entry.path), checkpoints)
 

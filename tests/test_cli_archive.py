@@ -301,3 +301,51 @@ def test_render_rows_handles_empty_sides_and_manifest_errors() -> None:
     assert summary_line(rows) == ("3 partitions: 4.1 KiB local, 3 MiB in the bucket, "
                                   "1.1 KiB waiting for upload")
     assert render_rows([]) == ["no partitions found"]
+
+
+def _s3_config(tmp_path: Path, endpoint: str, bucket: str, log_dir: Path) -> Path:
+    return write_config(
+        tmp_path / "s3.toml", f"s3://{bucket}/pfx", None,
+        f'endpoint_url = "{endpoint}"\nregion = "us-east-1"\naccess_key = "testing"\n'
+        f'secret_key = "testing"\n[log]\ndirs = ["{log_dir}"]\n'
+        "[cluster]\ncloud_storage_initial_backoff_ms = 1\n")
+
+
+def test_describe_storage_says_the_bucket_does_not_exist_once(
+    tmp_path: Path, moto_endpoint: str
+) -> None:
+    log_dir = tmp_path / "log"
+    write_log(log_dir, "orders", partitions=3, batches=5)
+    config = _s3_config(tmp_path, moto_endpoint, "no-such-bucket-here", log_dir)
+    result = CliRunner().invoke(cli, ["-q", "describe-storage", "--config", str(config)])
+    assert result.exit_code == 5, result.output
+    assert result.stderr.count("error:") == 1 and "the bucket does not exist" in result.stderr
+    assert "0 B" not in result.stdout
+
+
+def test_describe_storage_on_a_closed_port_is_one_quick_diagnosis(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_dir = tmp_path / "log"
+    write_log(log_dir, "orders", partitions=3, batches=5)
+    config = _s3_config(tmp_path, f"http://127.0.0.1:{port}", "bucket-x", log_dir)
+    result = CliRunner().invoke(cli, ["describe-storage", "--config", str(config)])
+    assert result.exit_code == 5
+    assert result.stderr.count("error:") == 1, result.stderr
+    # one request, retried once: not one diagnosis (and six attempts) per partition
+    assert result.stderr.count("attempt ") <= 1, result.stderr
+
+
+def test_describe_storage_exits_1_when_a_partition_cannot_be_read(
+    setup: tuple[Path, Path]
+) -> None:
+    config, log_dir = setup
+    assert invoke("archive", "--once", "--config", str(config)).exit_code == 0
+    manifest = next((log_dir.parent / "bucket").rglob("manifest.json"))
+    manifest.write_bytes(b"{ not json")
+    result = CliRunner().invoke(cli, ["-q", "describe-storage", "--config", str(config)])
+    assert result.exit_code == 1
+    assert "cannot read the manifest" in result.stdout

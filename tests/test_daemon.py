@@ -36,7 +36,7 @@ from tiered.app.daemon import (
 from tiered.app.metrics import DaemonState, JobCounters, health_of
 from tiered.config import Config, parse_config
 from tiered.errors import ConfigError, TieredError
-from tiered.store.errors import AccessDenied, StoreError
+from tiered.store.errors import AccessDenied, BucketNotFound, StoreError
 
 # --- fakes ------------------------------------------------------------------------------------
 
@@ -504,6 +504,40 @@ def test_waits_for_an_unreachable_store_at_start_with_health_503(tmp_path: Path)
     finally:
         t.stop()
         thread.join(timeout=30)
+
+
+def test_a_missing_bucket_is_said_once_and_waited_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = SteppedTime()
+    archiver = FakeArchiver(t)
+    attempts: list[float] = []
+    store = FakeStore()
+
+    def open_store(config: Config) -> FakeStore:
+        attempts.append(t.now)
+        if len(attempts) < 4:
+            raise BucketNotFound("put s3://b/k: the bucket does not exist (NoSuchBucket)")
+        return store
+
+    daemon = _daemon(tmp_path, t, archiver, open_store=open_store)
+    thread = threading.Thread(target=daemon.run)
+    with caplog.at_level(logging.DEBUG, logger="tiered.app.daemon"):
+        thread.start()
+        try:
+            t.await_idle()
+            status, body = _get(daemon.server.url + "/health")
+            assert status == 503 and "bucket does not exist" in json.dumps(body)
+            for _ in range(3):
+                t.step()
+                t.await_idle()
+            assert _get(daemon.server.url + "/health")[1]["status"] == "ok"
+        finally:
+            t.stop()
+            thread.join(timeout=30)
+    said = [r for r in caplog.records if "does not exist" in r.getMessage()]
+    assert len(said) == 3 and [r.levelno for r in said].count(logging.ERROR) == 1
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
 
 
 def test_access_denied_at_start_is_an_error_not_a_wait(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from faultproxy import DROP, FaultProxy
 from tiered.errors import ConfigError
 from tiered.store import (
     AccessDenied,
+    BucketNotFound,
     ConditionalWritesUnsupported,
     ObjectNotFound,
     PreconditionFailed,
@@ -181,7 +182,7 @@ WHERE = "s3://bucket/pfx/key"
         (client_error("SignatureDoesNotMatch", 403), False, AccessDenied, "access key"),
         (client_error("403", 403), False, AccessDenied, "credentials"),
         (client_error("", 401), False, AccessDenied, "credentials"),
-        (client_error("NoSuchBucket", 404), False, StoreError, "bucket does not exist"),
+        (client_error("NoSuchBucket", 404), False, BucketNotFound, "bucket does not exist"),
         (client_error("PreconditionFailed", 412), True, PreconditionFailed, "condition"),
         (client_error("ConditionalRequestConflict", 409), True, PreconditionFailed, "409"),
         (client_error("NoSuchKey", 404), True, PreconditionFailed, "condition not met"),

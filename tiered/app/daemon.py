@@ -63,7 +63,12 @@ from tiered.app.metrics import (
 )
 from tiered.config.units import format_size
 from tiered.errors import ConfigError, TieredError
-from tiered.store.errors import AccessDenied, ConditionalWritesUnsupported, StoreError
+from tiered.store.errors import (
+    AccessDenied,
+    BucketNotFound,
+    ConditionalWritesUnsupported,
+    StoreError,
+)
 
 if TYPE_CHECKING:
     from archiver.service import Archiver, ArchiverStats, PassReport
@@ -409,11 +414,22 @@ class Daemon:
         that refuses us (credentials, no conditional writes) is an error at once. None: a stop
         was requested while waiting."""
         delay = CONNECT_BACKOFF_MIN_S
+        said_missing = False
         while not self._stop.is_set():
             try:
                 store = self._open_store(self.config)
             except (AccessDenied, ConditionalWritesUnsupported):
                 raise
+            except BucketNotFound as exc:
+                # not an outage: say so once, and wait for someone to create it
+                log.log(logging.DEBUG if said_missing else logging.ERROR,
+                        "the bucket of %s does not exist (%s); waiting for it to be created",
+                        self.config.storage.url, exc)
+                said_missing = True
+                self._publish(store_up=False, store_error=f"the bucket does not exist: {exc}")
+                self._stop.wait(delay)
+                delay = min(delay * 2, CONNECT_BACKOFF_MAX_S)
+                continue
             except StoreError as exc:
                 log.warning("object store %s unreachable (%s); retrying in %.0f s",
                             self.config.storage.url, exc, delay)

@@ -9,6 +9,7 @@ code for a `TieredError` (2 for configuration, 5 for the object store, ...).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -37,6 +38,10 @@ __all__ = ["archive_command", "demo_command", "describe_storage_command", "run_c
            "report_json"]
 
 
+#: attempts per store request for describe-storage: it reads, and a person waits for it
+DESCRIBE_ATTEMPTS = 2
+
+
 def _load(config_path: Path, command: str) -> Config:
     """The configuration, refusing one without usable log dirs: every command here reads
     them."""
@@ -49,7 +54,8 @@ def _load(config_path: Path, command: str) -> Config:
 
 @contextmanager
 def _archiver(
-    config: Config, *, probe: bool | Literal["beside"], full_speed: bool = False
+    config: Config, *, probe: bool | Literal["beside"], full_speed: bool = False,
+    max_attempts: int | None = None,
 ) -> Iterator[Archiver]:
     """An Archiver on the configured store, closed (with the store) afterwards. `probe`:
     prove conditional writes, needed by every command that commits manifests; "beside" runs
@@ -61,7 +67,10 @@ def _archiver(
     from archiver.service import Archiver
     from tiered.store import ProbingStore, open_store
 
-    store = open_store(config.store_settings(), probe=probe)
+    settings = config.store_settings()
+    if max_attempts is not None:
+        settings = dataclasses.replace(settings, max_attempts=max_attempts)
+    store = open_store(settings, probe=probe)
     try:
         from archiver.controller import ControllerParams
 
@@ -209,18 +218,24 @@ def describe_storage_command(config_path: Path, topic: str | None, as_json: bool
     """Per partition: what is on local disk, what is in the bucket, what waits for upload,
     and the offset below which local deletion is safe. Reads only; changes nothing."""
     from tiered.app.describe import render_rows, summary_line
+    from tiered.store import check_reachable
 
     config = _load(config_path, "describe-storage")
-    with _archiver(config, probe=False) as archiver:
+    # an interactive read: a store that does not answer is said once, after a short retry,
+    # rather than once per partition after a long one
+    with _archiver(config, probe=False, max_attempts=DESCRIBE_ATTEMPTS) as archiver:
+        check_reachable(archiver.store)
         archiver.scan()
         rows = archiver.describe(topic)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return
-    for line in render_rows(rows):
-        click.echo(line)
-    if rows:
-        click.echo(summary_line(rows))
+    else:
+        for line in render_rows(rows):
+            click.echo(line)
+        if rows:
+            click.echo(summary_line(rows))
+    if any((row.get("remote") or {}).get("error") for row in rows):
+        sys.exit(1)  # some partition's remote state could not be read: the table is partial
 
 
 # --- demo --------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 from tiered.store.errors import (
     AccessDenied,
+    BucketNotFound,
     ConditionalWritesUnsupported,
     ObjectNotFound,
     PreconditionFailed,
@@ -32,6 +33,7 @@ __all__ = [
     "STORES",
     "PROBE_PREFIX",
     "AccessDenied",
+    "BucketNotFound",
     "Blob",
     "ConditionalWritesUnsupported",
     "FileStore",
@@ -46,6 +48,7 @@ __all__ = [
     "StoreError",
     "StoreSettings",
     "bucket_name_problem",
+    "check_reachable",
     "is_retryable",
     "open_store",
     "parse_store_url",
@@ -106,6 +109,13 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def check_reachable(store: ObjectStore) -> None:
+    """One small request that tells a store-wide problem (no such bucket, refused credentials,
+    nothing listening) apart from a per-partition one, so it is reported once, up front,
+    instead of once per partition. Raises the `StoreError` that says which."""
+    next(iter(store.list(PROBE_PREFIX)), None)
 
 
 def open_store(settings: StoreSettings, *, probe: bool | Literal["beside"] = True) -> ObjectStore:

@@ -20,6 +20,11 @@ class PreconditionFailed(StoreError):
     (`If-Match`). Compare-and-swap callers re-read and retry; nothing was written."""
 
 
+class BucketNotFound(StoreError):
+    """The configured bucket does not exist (S3 NoSuchBucket, or a `file://` root that is
+    missing and cannot be created). Never retried: a typo or a bucket not created yet."""
+
+
 class AccessDenied(StoreError):
     """Credentials are missing or not allowed to do this (HTTP 401/403). Never retried."""
 

@@ -26,6 +26,7 @@ from tiered.errors import ConfigError
 from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
 from tiered.store.errors import (
     AccessDenied,
+    BucketNotFound,
     ConditionalWritesUnsupported,
     ObjectNotFound,
     PreconditionFailed,
@@ -85,7 +86,9 @@ def map_s3_error(
         message = str(exc.response.get("Error", {}).get("Message", "") or "")
         detail = f"{code or 'error'} (HTTP {status})" + (f": {message}" if message else "")
         if code == "NoSuchBucket":
-            return StoreError(f"{operation} {where}: the bucket does not exist ({detail})")
+            return BucketNotFound(
+                f"{operation} {where}: the bucket does not exist ({detail}); create it, or fix "
+                "the bucket name in [storage] url")
         if conditional and (
             code in _PRECONDITION_CODES or status in (409, 412) or code in _NOT_FOUND_CODES
         ):

@@ -101,7 +101,10 @@ class ChunkCache:
         if download_attempts < 1:
             raise ValueError(f"download_attempts must be at least 1, got {download_attempts}")
         self.root = Path(directory)
-        self.root.mkdir(parents=True, exist_ok=True)
+        disk.ensure_writable(self.root)
+        #: the latest chunk-write failure that was not a full disk (None after a success):
+        #: the daemon's /health reports it as degraded
+        self.write_problem: str | None = None
         self.settings = settings
         self._fetch = fetch
         self._clock = clock
@@ -367,7 +370,15 @@ class ChunkCache:
                 self._fetch, seg.key, begin, end, seg.verify,
                 attempts=self._download_attempts, on_bytes=self._count_bytes,
             )
-            disk.write_atomically(disk.chunk_path(self.root, entry.chunk), data, write=self._write)
+            try:
+                disk.write_atomically(disk.chunk_path(self.root, entry.chunk), data,
+                                      write=self._write)
+            except CacheFullError:
+                raise
+            except CacheError as err:
+                self.write_problem = str(err)
+                raise
+            self.write_problem = None
         except BaseException as err:
             with self._cond:
                 self._counters["download_errors"] += 1

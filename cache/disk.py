@@ -128,6 +128,23 @@ def _write_all(fd: int, data: bytes, write: Writer) -> None:
         view = view[written:]
 
 
+def ensure_writable(root: Path) -> None:
+    """Create the cache directory if needed and prove a file can be written in it, so a bad
+    `[cache] dir` (read-only, not creatable, not a directory) is one clear error at start-up
+    rather than a failure on every chunk later. Raises `CacheError`."""
+    probe = root / f".write-check{TMP_MARK}{uuid.uuid4().hex}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.close(fd)
+        probe.unlink()
+    except OSError as err:
+        raise CacheError(
+            f"cache directory {root} is not usable: {err.strerror or err}; set [cache] dir to "
+            "a writable directory"
+        ) from err
+
+
 def write_atomically(path: Path, data: bytes, *, write: Writer = os.write) -> None:
     """Write `data` to `path` so that readers see either no file or all of it. A full disk
     raises CacheFullError and any other OS error CacheError; the temporary file is removed

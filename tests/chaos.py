@@ -48,7 +48,8 @@ from tiered.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 BUSY, QUIET = "busy", "quiet"
-SEGMENT_BYTES = 4096
+#: small enough that segments roll every few seconds at the stand-in's rate (~70 records/s)
+SEGMENT_BYTES = 16 * 1024
 FAULT_KINDS = ("slowdown", "internal", DROP, DROP_AFTER)
 
 
@@ -115,7 +116,7 @@ class Broker(threading.Thread):
                     if self.rng.random() < 0.01:
                         w.become_leader(w.leader_epoch + 1)  # a new leader: a new term
                         self.epochs += 1
-                    time.sleep(self.rng.uniform(0.002, 0.02))
+                    time.sleep(self.rng.uniform(0.02, 0.08))
                 w.roll()  # the last segment closes, so the final pass uploads every record
         except BaseException as exc:  # noqa: BLE001 - reported by the harness
             self.failure = exc
@@ -236,7 +237,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
 def _archive_once(config: Path) -> tuple[int, str, str]:
     """One `tiered archive --once` in its own process (as an operator runs it)."""
     run = subprocess.run(_tiered("-q", "archive", "--once", "--config", str(config), "--json"),
-                         capture_output=True, text=True, env=_env(), timeout=300)
+                         capture_output=True, text=True, env=_env(), timeout=1800)
     return run.returncode, run.stdout, run.stderr
 
 

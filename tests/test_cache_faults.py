@@ -16,7 +16,7 @@ from cache_fakes import Fetcher, layout, make_segment, verifier
 
 from cache.accounting import CacheSettings
 from cache.chunk_cache import ChunkCache
-from cache.errors import CacheFullError, ChunkDownloadError
+from cache.errors import CacheError, CacheFullError, ChunkDownloadError
 from cache.eviction import STRATEGIES
 from tiered.errors import CorruptSegmentError
 from tiered.store.errors import StoreError
@@ -159,6 +159,35 @@ def test_a_full_disk_is_a_clear_error_and_leaves_nothing(tmp_path: Path, data: b
     assert cache.stats()["size_bytes"] == 0 and cache.stats()["objects"] == 0
     disk.full = False
     assert seg.read(0, 100) == data[:100]
+
+
+def test_a_cache_dir_that_cannot_be_written_is_one_clear_error_at_start(tmp_path: Path) -> None:
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("not a directory")
+    with pytest.raises(CacheError,
+                       match=r"cache directory .*a-file/cache is not usable.*\[cache\] dir"):
+        open_cache(in_the_way / "cache", Fetcher({}))
+
+
+def test_chunk_writes_failing_are_remembered_until_one_succeeds(tmp_path: Path,
+                                                                data: bytes) -> None:
+    """The daemon's /health reports the cache degraded while it cannot write its chunks."""
+    broken = {"on": True}
+
+    def write(fd: int, view: memoryview) -> int:
+        if broken["on"]:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return os.write(fd, view)
+
+    cache = open_cache(tmp_path, Fetcher({KEY: data}), write=write)
+    seg = cache.open_segment(KEY, len(data), layout(data, CHUNK), verifier(KEY))
+    assert cache.write_problem is None
+    with pytest.raises(CacheError):
+        seg.read(0, 100)
+    assert cache.write_problem is not None and "Read-only" in cache.write_problem
+    broken["on"] = False
+    assert seg.read(0, 100) == data[:100]
+    assert cache.write_problem is None
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))

@@ -642,3 +642,11 @@ def test_report_problems_lists_each_problem_once() -> None:
         "orders-1: error: manifest unreadable",
     ]
     assert report_problems(PassReport([PartitionReport("a", 0)])) == []
+
+
+def test_health_is_degraded_while_the_cache_cannot_write() -> None:
+    state = DaemonState(jobs={"upload": JobCounters(1, 0, 1.0)}, store_up=True)
+    assert health_of(state, 0.0).body["status"] == "ok"
+    broken = health_of(state, 0.0, cache_problem="cannot write /cache/x: Read-only file system")
+    assert broken.status == 200 and broken.body["status"] == "degraded"
+    assert "Read-only" in str(broken.body["cache_error"])

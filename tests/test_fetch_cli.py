@@ -127,3 +127,15 @@ def test_a_missing_object_costs_only_its_offsets(
     after = fetch(config, "--partition", "0", "--offset", str(victim.last_offset + 1),
                   "--max-bytes", "0", "--format", "raw")
     assert after.exit_code == 0 and after.stdout_bytes == image.expected(victim.last_offset + 1, 0)
+
+
+def test_a_cache_dir_that_cannot_be_created_is_a_clear_error(tmp_path: Path,
+                                                             config_file: Path) -> None:
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("x")
+    text = config_file.read_text().replace(f'dir = "{tmp_path / "cache"}"',
+                                           f'dir = "{in_the_way / "cache"}"')
+    config_file.write_text(text)
+    result = fetch(config_file, "--partition", "0", "--offset", "0")
+    assert result.exit_code == 6, result.output
+    assert "cache directory" in result.stderr and "Traceback" not in result.output

@@ -309,7 +309,8 @@ class Daemon:
         try:
             self.server = MetricsServer(
                 self.options.metrics_host, self.options.metrics_port, registry,
-                lambda: health_of(self.state, self._clock()),
+                lambda: health_of(self.state, self._clock(), cache_problem=(
+                    None if self.reader is None else self.reader.cache.write_problem)),
                 routes={RECORDS_PREFIX: self._records},
             )
         except OSError as exc:

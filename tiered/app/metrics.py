@@ -318,10 +318,11 @@ class DaemonState:
     partitions: int = 0
 
 
-def health_of(state: DaemonState, now_s: float) -> Health:
+def health_of(state: DaemonState, now_s: float, *, cache_problem: str | None = None) -> Health:
     """`/health`: 503 while the object store is unreachable; otherwise 200 with `status`
     "starting" (no upload round finished yet), "degraded" (the latest run of some job
-    reported a problem, such as a corrupt segment, while others go on) or "ok"."""
+    reported a problem, such as a corrupt segment, or the read cache cannot write its
+    chunks, while the rest goes on) or "ok"."""
     body: dict[str, object] = {
         "uptime_s": round(max(0.0, now_s - state.started_s), 3),
         "phase": state.phase,
@@ -337,12 +338,14 @@ def health_of(state: DaemonState, now_s: float) -> Health:
             for name, c in sorted(state.jobs.items())
         },
     }
+    if cache_problem is not None:
+        body["cache_error"] = cache_problem
     if state.store_up is False:
         return Health(503, {"status": "unavailable",
                             "reason": f"object store unreachable: {state.store_error}", **body})
     if "upload" not in state.jobs:
         return Health(200, {"status": "starting", **body})
-    if any(state.last_errors.values()):
+    if any(state.last_errors.values()) or cache_problem is not None:
         return Health(200, {"status": "degraded", **body})
     return Health(200, {"status": "ok", **body})
 

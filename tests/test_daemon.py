@@ -25,15 +25,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.controller import ControllerOutput
 from archiver.service import Archiver, ArchiverStats, PartitionReport, PassReport
-from tiered.app.daemon import (
+from tiered.app.daemon import Daemon, DaemonOptions
+from tiered.app.health import DaemonState, JobCounters, health_of
+from tiered.app.scheduler import (
     UPLOAD_BACKOFF_MAX_S,
     UPLOAD_BACKOFF_MIN_S,
-    Daemon,
-    DaemonOptions,
     Scheduler,
     next_upload_delay,
 )
-from tiered.app.metrics import DaemonState, JobCounters, health_of
 from tiered.config import Config, parse_config
 from tiered.errors import ConfigError, TieredError
 from tiered.store.errors import AccessDenied, BucketNotFound, StoreError

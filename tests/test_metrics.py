@@ -13,17 +13,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.service import ArchiverStats
+from tiered.app.health import Health, JobCounters
+from tiered.app.http_server import MetricsServer, Response
 from tiered.app.metrics import (
     ARCHIVER_METRICS,
     CACHE_METRICS,
     READER_METRICS,
     ArchiverCollector,
-    Health,
-    JobCounters,
     JobsCollector,
-    MetricsServer,
     ReaderCollector,
-    Response,
     make_registry,
 )
 

@@ -48,18 +48,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from tiered.app.metrics import (
-    ArchiverCollector,
-    DaemonState,
-    JobCounters,
-    JobsCollector,
-    MetricsServer,
-    ReaderCollector,
-    Response,
-    health_of,
-    make_registry,
+from tiered.app.health import DaemonState, JobCounters, health_of
+from tiered.app.http_server import MetricsServer, Response
+from tiered.app.metrics import ArchiverCollector, JobsCollector, ReaderCollector, make_registry
+from tiered.app.scheduler import (
+    UPLOAD_BACKOFF_MAX_S,
+    Scheduler,
+    Stopper,
+    next_upload_delay,
 )
 from tiered.config.units import format_size
 from tiered.errors import ConfigError, TieredError
@@ -81,10 +79,8 @@ __all__ = [
     "DEFAULT_METRICS_PORT",
     "Daemon",
     "DaemonOptions",
-    "Scheduler",
-    "check_log_dirs",
-    "next_upload_delay",
-    "open_reader",
+        "check_log_dirs",
+        "open_reader",
     "report_problems",
 ]
 
@@ -93,9 +89,6 @@ log = logging.getLogger("tiered.app.daemon")
 DEFAULT_METRICS_HOST = "127.0.0.1"
 #: Redpanda's admin/metrics port, so dashboards built for it find us where they expect
 DEFAULT_METRICS_PORT = 9644
-#: upload-loop backoff while there is nothing to upload (Redpanda's defaults), in seconds
-UPLOAD_BACKOFF_MIN_S = 0.1
-UPLOAD_BACKOFF_MAX_S = 10.0
 #: waiting for the object store at start-up: first and longest pause, in seconds
 CONNECT_BACKOFF_MIN_S = 1.0
 CONNECT_BACKOFF_MAX_S = 30.0
@@ -103,82 +96,6 @@ CONNECT_BACKOFF_MAX_S = 30.0
 HEALTH_PROBE_KEY = "_tiered/health-probe"
 #: the remote-read API's path prefix on the daemon's HTTP server (see tiered.app.http_api)
 RECORDS_PREFIX = "/v1/"
-
-
-# --- scheduling ---------------------------------------------------------------------------
-
-
-class Stopper(Protocol):
-    """What the scheduler waits on: `threading.Event` in production, a fake in tests."""
-
-    def is_set(self) -> bool: ...
-
-    def wait(self, timeout: float | None = None) -> bool: ...
-
-    def set(self) -> None: ...
-
-
-@dataclass
-class _Entry:
-    name: str
-    interval_s: float
-    action: Callable[[], float | None]
-    due_s: float
-
-
-class Scheduler:
-    """Runs named jobs when due, on an injected monotonic `clock` (seconds).
-
-    A job's action returns the delay before its next run, or None for its regular interval.
-    Every job is due at once after `add`; jobs due together run in the order they were added.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._entries: list[_Entry] = []
-
-    def add(self, name: str, interval_s: float, action: Callable[[], float | None]) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"job {name!r}: interval must be positive, got {interval_s}")
-        self._entries.append(_Entry(name, interval_s, action, self._clock()))
-
-    def run_pending(self, stop: Stopper | None = None) -> list[str]:
-        """Run every job that is due now (checking `stop` between jobs); returns their names."""
-        ran = []
-        for entry in self._entries:
-            if stop is not None and stop.is_set():
-                break
-            if entry.due_s <= self._clock():
-                delay = entry.action()
-                entry.due_s = self._clock() + (entry.interval_s if delay is None else delay)
-                ran.append(entry.name)
-        return ran
-
-    def seconds_until_due(self) -> float:
-        """How long until the next job is due (0 when one already is)."""
-        if not self._entries:
-            return float("inf")
-        return max(0.0, min(e.due_s for e in self._entries) - self._clock())
-
-    def run(self, stop: Stopper) -> None:
-        """Run jobs as they fall due until `stop` is set; sleeping is `stop.wait`, so a stop
-        request ends the wait at once."""
-        while not stop.is_set():
-            self.run_pending(stop)
-            if stop.is_set():
-                break
-            stop.wait(self.seconds_until_due())
-
-
-def next_upload_delay(previous_s: float | None, made_progress: bool) -> float:
-    """Delay before the next upload round, in seconds: none after progress (a round uploads
-    a bounded number of segments per partition, so more may be waiting), otherwise a backoff
-    that doubles from UPLOAD_BACKOFF_MIN_S up to UPLOAD_BACKOFF_MAX_S."""
-    if made_progress:
-        return 0.0
-    if previous_s is None or previous_s < UPLOAD_BACKOFF_MIN_S:
-        return UPLOAD_BACKOFF_MIN_S
-    return min(previous_s * 2, UPLOAD_BACKOFF_MAX_S)
 
 
 def report_problems(report: PassReport) -> list[str]:

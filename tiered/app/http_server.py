@@ -1,0 +1,189 @@
+"""The daemon's small HTTP server: `/metrics` (Prometheus text), `/health` and routed paths
+such as the remote-read API under `/v1/`.
+
+Each request runs on its own daemon thread and only calls the source functions and routes it
+was given; those must be safe to call from many threads at once (the daemon hands in
+functions that read an immutable, already-published snapshot, and the thread-safe `Reader`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from tiered.app.health import Health
+
+__all__ = ["MetricsServer", "Response", "Route"]
+
+log = logging.getLogger(__name__)
+
+
+#: a routed path's answer: (status, headers, body); a HEAD answer carries the GET's
+#: Content-Length in `headers` and an empty body
+Response = tuple[int, Mapping[str, str], bytes]
+#: `route(method, path, query)`: `path` still percent-encoded and without the query string,
+#: `query` as `urllib.parse.parse_qs` returns it (blank values kept)
+Route = Callable[[str, str, Mapping[str, Sequence[str]]], Response]
+
+_TEXT = "text/plain; charset=utf-8"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    #: seconds a socket read or write may stall before the request is dropped, so a client
+    #: that stops reading cannot hold a request thread (and the daemon's shutdown) for ever
+    timeout = 60.0
+
+    # http.server calls do_<METHOD>; any other method gets its own 501
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        path, _, query = self.path.partition("?")
+        try:
+            status, headers, body = self._answer(method, path, query)
+        except Exception:  # a scrape or a read must never take the server down
+            log.exception("error serving %s %s", method, path)
+            status, headers, body = (HTTPStatus.INTERNAL_SERVER_ERROR,
+                                     {"Content-Type": _TEXT}, b"internal error\n")
+        try:
+            self._send(method, status, headers, body)
+        except (TimeoutError, ConnectionError) as exc:
+            log.debug("client went away during %s %s: %s", method, path, exc)
+
+    def _answer(self, method: str, path: str, query: str) -> Response:
+        for prefix, route in self.server.routes.items():
+            if path.startswith(prefix):
+                return route(method, path, parse_qs(query, keep_blank_values=True))
+        if path not in ("/metrics", "/health"):
+            return (HTTPStatus.NOT_FOUND, {"Content-Type": _TEXT},
+                    b"not found: try /metrics or /health\n")
+        if method not in ("GET", "HEAD"):
+            return (HTTPStatus.METHOD_NOT_ALLOWED, {"Content-Type": _TEXT, "Allow": "GET, HEAD"},
+                    f"method {method} not allowed\n".encode())
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            return HTTPStatus.OK, {"Content-Type": content_type}, encoder(self.server.registry)
+        health = self.server.health()
+        body = json.dumps(health.body, default=str).encode() + b"\n"
+        return health.status, {"Content-Type": "application/json"}, body
+
+    def _send(self, method: str, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if not any(name.lower() == "content-length" for name in headers):
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+        log.debug("http: " + format, *args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a request stuck past the drain must not keep the process alive
+
+    def __init__(
+        self, address: tuple[str, int], registry: CollectorRegistry, health: Callable[[], Health],
+        routes: Mapping[str, Route],
+    ) -> None:
+        self.registry = registry
+        self.health = health
+        self.routes = routes
+        self._inflight = 0
+        self._idle = threading.Condition()
+        super().__init__(address, _Handler)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._idle:
+            self._inflight += 1
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    def drain(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for requests in flight to finish; returns how many remain."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._inflight == 0, timeout_s)
+            return self._inflight
+
+
+class MetricsServer:
+    """`/metrics` (Prometheus text, or OpenMetrics when asked for), `/health`, and `routes`
+    (path prefix -> `Route`, tried first, in order) on one port.
+
+    `port=0` binds an ephemeral port; `port` then tells which. Serves from a background thread
+    between `start()` and `stop()`; usable as a context manager. `stop()` lets requests in
+    flight finish for up to `drain_s` seconds, so whatever a route uses (the daemon's reader)
+    can be closed right after it."""
+
+    def __init__(
+        self, host: str, port: int, registry: CollectorRegistry, health: Callable[[], Health],
+        routes: Mapping[str, Route] | None = None, *, drain_s: float = 10.0,
+    ) -> None:
+        self._server = _Server((host, port), registry, health, dict(routes or {}))
+        self._drain_s = drain_s
+        self._thread: threading.Thread | None = None
+
+    @property
+    def host(self) -> str:
+        return str(self._server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="tiered-metrics", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, drain requests in flight, close the socket. Idempotent."""
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join()
+            self._thread = None
+            left = self._server.drain(self._drain_s)
+            if left:
+                log.warning("http: %d request(s) still running after %.0f s; closing anyway",
+                            left, self._drain_s)
+        self._server.server_close()
+
+    def __enter__(self) -> MetricsServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

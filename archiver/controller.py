@@ -74,7 +74,7 @@ class ControllerParams:
             )
 
     @classmethod
-    def from_properties(cls, values: Mapping[str, Any]) -> ControllerParams:
+    def from_cluster(cls, values: Mapping[str, Any]) -> ControllerParams:
         """Build from parsed cluster properties; missing keys take Redpanda's defaults."""
         d = cls()
         return cls(

@@ -152,15 +152,15 @@ class Archiver:
         self.disk_usage = disk_usage or real_disk_usage
         self.term_override = term
         self.mstore = ManifestStore(store, ManifestSettings.from_cluster(cluster))
-        self.upload_params = UploadParams.from_properties(cluster)
-        self.ctrl_params = ControllerParams.from_properties(cluster)
-        self.space_params = SpaceParams.from_properties(cluster)
+        self.upload_params = UploadParams.from_cluster(cluster)
+        self.ctrl_params = ControllerParams.from_cluster(cluster)
+        self.space_params = SpaceParams.from_cluster(cluster)
         self.fixed_shares = fixed_shares
         self.max_bandwidth = max_upload_bandwidth
-        self.max_concurrency = max_upload_concurrency or int(
-            cluster["cloud_storage_max_connections"] or 1)
+        self.max_concurrency = max_upload_concurrency or config.cluster_int(
+            "cloud_storage_max_connections", 1)
         self.gc = GarbageCollector(self.mstore,
-                                   grace_ms=int(cluster["cloud_storage_gc_grace_period_ms"] or 0))
+                                   grace_ms=config.cluster_int("cloud_storage_gc_grace_period_ms"))
         self.facts = SegmentFacts()
         self.limiter = TokenBucket(None, sleep=sleep)
         self._ctrl_state = ControllerState.initial(self.ctrl_params)
@@ -480,8 +480,8 @@ class Archiver:
                                  cursor=self._space_cursor)
                 self._space_cursor = result.next_cursor
             else:
-                interval = int(self.config.cluster["cloud_storage_housekeeping_interval_ms"] or 0)
-                segment = int(self.config.cluster["log_segment_size"] or 0)
+                interval = self.config.cluster_int("cloud_storage_housekeeping_interval_ms")
+                segment = self.config.cluster_int("log_segment_size")
                 result = advise_only(views, now, margin_ms=2 * interval, margin_bytes=segment)
         report.partitions = self._retention_rows(views, result, enforcing) + failed
         report.errors = list(result.errors)

@@ -132,7 +132,7 @@ class SpaceParams:
             raise ConfigError(f"retention_local_strict: expected true or false, got {strict!r}")
 
     @classmethod
-    def from_properties(cls, values: Mapping[str, Any]) -> SpaceParams:
+    def from_cluster(cls, values: Mapping[str, Any]) -> SpaceParams:
         """Build from parsed cluster properties (`tiered.config.properties` names); a missing key
         takes Redpanda's default, a bad value is a ConfigError naming the key."""
         defaults = cls()

@@ -185,7 +185,7 @@ class UploadParams:
             )
 
     @classmethod
-    def from_properties(
+    def from_cluster(
         cls, values: Mapping[str, object], *, max_candidates_per_round: int = 8
     ) -> UploadParams:
         """Build from parsed cluster properties (missing keys take Redpanda's default)."""

@@ -238,7 +238,7 @@ def run_mode(mode: str, workdir: Path, moto: MotoServer | None, s: Settings) -> 
     config = load_config(write_config(base / "tiered.toml", bucket_url=bucket_url,
                                       endpoint=endpoint, log_dir=log_dir,
                                       cache_dir=base / "cache", s=s))
-    fixed = MODES[mode](ControllerParams.from_properties(config.cluster))
+    fixed = MODES[mode](ControllerParams.from_cluster(config.cluster))
     producer = SampleProducer(log_dir, TOPIC, s.partitions, s.segment_bytes,
                               record_bytes=s.record_bytes)
     store = open_store(config.store_settings())

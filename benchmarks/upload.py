@@ -152,7 +152,7 @@ def tiered_limits(config_path: Path) -> TieredLimits:
     from tiered.store import open_store
 
     config = load_config(config_path)
-    max_shares = ControllerParams.from_properties(config.cluster).max_shares
+    max_shares = ControllerParams.from_cluster(config.cluster).max_shares
     settings = config.store_settings()
     archiver = Archiver(config, open_store(settings), fixed_shares=max_shares)
     try:

@@ -180,11 +180,11 @@ class Reader:
         self.cache = cache if cache is not None else _make_cache(config, store)
         self.local = LocalSegments()
         self.remote = RemoteSegments(
-            store, self.cache, int(config.cluster["cloud_storage_cache_chunk_size"] or 1))
+            store, self.cache, config.cluster_int("cloud_storage_cache_chunk_size", 1))
         self._clock = clock
         self._ttl = metadata_ttl_s
         #: how long a head manifest may serve reads when it cannot be refreshed
-        self._stale_head_s = float(config.cluster["cloud_storage_gc_grace_period_ms"] or 0) / 1000
+        self._stale_head_s = config.cluster_seconds("cloud_storage_gc_grace_period_ms")
         self._heads: Lru[tuple[str, int, str], tuple[float, PartitionManifest]] = Lru(1024)
         self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
         self._stats = ReaderStats()

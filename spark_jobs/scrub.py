@@ -276,7 +276,7 @@ def run_scrub(
     false on any anomaly. `now_ms` (ms since the epoch) is injectable for tests."""
     started = time.monotonic()
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    grace_ms = int(ctx.config.cluster["cloud_storage_gc_grace_period_ms"] or 0)
+    grace_ms = ctx.config.cluster_int("cloud_storage_gc_grace_period_ms")
     found = ctx.enumerate(topic)
     anomalies = [Anomaly("corrupt_manifest", "", p.split(":", 1)[0], p) for p in found.problems]
     scans: list[tuple[PartitionRef, Classification, PartitionManifest | None]] = []

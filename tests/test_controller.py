@@ -38,8 +38,8 @@ def test_defaults_are_the_seed_defaults() -> None:
     assert params.update_interval_ms == 60_000
 
 
-def test_from_properties_reads_the_seed_names_and_defaults_the_rest() -> None:
-    params = ControllerParams.from_properties(
+def test_from_cluster_reads_the_seed_names_and_defaults_the_rest() -> None:
+    params = ControllerParams.from_cluster(
         {
             "cloud_storage_upload_ctrl_p_coeff": -4.0,
             "cloud_storage_upload_ctrl_max_shares": 500,
@@ -66,7 +66,7 @@ def test_from_properties_reads_the_seed_names_and_defaults_the_rest() -> None:
 )
 def test_bad_parameters_are_config_errors_naming_the_key(props: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
-        ControllerParams.from_properties(props)
+        ControllerParams.from_cluster(props)
 
 
 # --- backlog normalisation -------------------------------------------------------------------

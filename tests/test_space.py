@@ -84,9 +84,9 @@ def test_views_refuse_inconsistent_logs() -> None:
         DiskInfo(-1, 0)
 
 
-def test_space_params_from_properties() -> None:
-    assert SpaceParams.from_properties({}) == SpaceParams()
-    params = SpaceParams.from_properties(
+def test_space_params_from_cluster() -> None:
+    assert SpaceParams.from_cluster({}) == SpaceParams()
+    params = SpaceParams.from_cluster(
         {"retention_local_strict": True, "disk_reservation_percent": 10, "other": 1}
     )
     assert params.retention_local_strict and params.disk_reservation_percent == 10
@@ -109,7 +109,7 @@ def test_space_params_from_properties() -> None:
 )
 def test_bad_space_params_name_the_key(props: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
-        SpaceParams.from_properties(props)
+        SpaceParams.from_cluster(props)
 
 
 def test_target_capacity() -> None:

@@ -76,10 +76,10 @@ def test_malformed_segments_are_refused() -> None:
 
 def test_params_validate_and_read_the_seed_property() -> None:
     assert UploadParams().segment_max_upload_interval_sec is None  # seed: empty by default
-    params = UploadParams.from_properties({"cloud_storage_segment_max_upload_interval_sec": 600})
+    params = UploadParams.from_cluster({"cloud_storage_segment_max_upload_interval_sec": 600})
     assert params.idle_interval_ms == 600_000
     with pytest.raises(ConfigError, match="cloud_storage_segment_max_upload_interval_sec"):
-        UploadParams.from_properties({"cloud_storage_segment_max_upload_interval_sec": "10m"})
+        UploadParams.from_cluster({"cloud_storage_segment_max_upload_interval_sec": "10m"})
     with pytest.raises(ConfigError, match="cloud_storage_segment_max_upload_interval_sec"):
         UploadParams(segment_max_upload_interval_sec=0)
     with pytest.raises(ConfigError, match="per round"):

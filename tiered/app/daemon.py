@@ -182,7 +182,7 @@ def open_reader(config: Config) -> Iterator[Reader]:
 
 def _ms(config: Config, key: str) -> float:
     """A cluster `_ms` property in seconds."""
-    return int(config.cluster[key] or 1) / 1000
+    return config.cluster_seconds(key, 1)
 
 
 class Daemon:

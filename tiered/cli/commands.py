@@ -74,7 +74,7 @@ def _archiver(
     try:
         from archiver.controller import ControllerParams
 
-        params = ControllerParams.from_properties(config.cluster)
+        params = ControllerParams.from_cluster(config.cluster)
         shares = params.max_shares if full_speed else None
         archiver = Archiver(config, store, fixed_shares=shares)
         try:

@@ -13,13 +13,11 @@ from pathlib import Path
 
 import click
 
+from cache.reader import DEFAULT_MAX_BYTES
 from tiered.cli.options import config_option
 
 log = logging.getLogger("tiered.fetch")
 
-#: Kafka's max.partition.fetch.bytes default (cache.reader.DEFAULT_MAX_BYTES, repeated here so
-#: importing the CLI does not import the reader and the cache)
-_DEFAULT_MAX_BYTES = 1 << 20
 
 
 @click.command("fetch")
@@ -28,7 +26,7 @@ _DEFAULT_MAX_BYTES = 1 << 20
 @click.option("--partition", type=click.IntRange(min=0), required=True, help="Partition number.")
 @click.option("--offset", type=click.IntRange(min=0), required=True,
               help="First offset wanted; the batch holding it comes first.")
-@click.option("--max-bytes", type=click.IntRange(min=0), default=_DEFAULT_MAX_BYTES,
+@click.option("--max-bytes", type=click.IntRange(min=0), default=DEFAULT_MAX_BYTES,
               show_default=True,
               help="Byte budget; the first batch always comes whole, as in Kafka.")
 @click.option("--format", "fmt", type=click.Choice(["raw", "jsonl"]), default="jsonl",

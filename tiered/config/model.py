@@ -28,6 +28,7 @@ from tiered.config.properties import (
     Scope,
     Secret,
     Value,
+    local_capacity_percent,
     resolve_topic,
 )
 from tiered.errors import ConfigError
@@ -192,14 +193,21 @@ class Config:
         )
 
     def local_capacity_percent(self) -> float:
-        """Target share of the disk for local log data: retention_local_target_capacity_percent,
-        or by default what the cache and the reservation leave (Redpanda's default)."""
-        explicit = self.cluster["retention_local_target_capacity_percent"]
-        if explicit is not None:
-            return float(explicit)
-        cache = float(self.cluster["cloud_storage_cache_size_percent"] or 0)
-        reserved = float(self.cluster["disk_reservation_percent"] or 0)
-        return max(0.0, 100.0 - cache - reserved)
+        """Target share of the disk for local log data (see
+        `properties.local_capacity_percent`)."""
+        return local_capacity_percent(self.cluster)
+
+    # -- typed reads of cluster properties: the registry validated them, so a number-valued
+    # property is a number or None (not set); these give callers a plain int or float
+
+    def cluster_int(self, name: str, default: int = 0) -> int:
+        """Cluster property `name` as an int; `default` when it is not set (or 0)."""
+        value = self.cluster[name]
+        return int(value or default)  # type: ignore[arg-type]
+
+    def cluster_seconds(self, name: str, default_ms: int = 0) -> float:
+        """A millisecond cluster property in seconds (`default_ms` when not set)."""
+        return self.cluster_int(name, default_ms) / 1000
 
     def store_settings(self) -> StoreSettings:
         """What `tiered.store.open_store` needs, mapped from the cluster properties."""
@@ -212,9 +220,9 @@ class Config:
             region=self.storage.region,
             access_key=_plain(self.storage.access_key),
             secret_key=_plain(self.storage.secret_key),
-            max_connections=int(c["cloud_storage_max_connections"] or 1),
-            initial_backoff_ms=int(c["cloud_storage_initial_backoff_ms"] or 1),
-            read_timeout_s=int(c["cloud_storage_segment_upload_timeout_ms"] or 1) / 1000,
+            max_connections=self.cluster_int("cloud_storage_max_connections", 1),
+            initial_backoff_ms=self.cluster_int("cloud_storage_initial_backoff_ms", 1),
+            read_timeout_s=self.cluster_seconds("cloud_storage_segment_upload_timeout_ms", 1),
             allow_unconditional_writes=bool(c["cloud_storage_allow_unconditional_writes"]),
         )
 

@@ -498,11 +498,23 @@ def cluster_rule_problems(cluster: Mapping[str, Value], failed: set[str]) -> lis
     reserved = float(cluster["disk_reservation_percent"] or 0)
     rule(
         ("cloud_storage_cache_size_percent", "disk_reservation_percent"),
-        cluster["retention_local_target_capacity_percent"] is None and cache + reserved >= 100,
+        cluster["retention_local_target_capacity_percent"] is None
+        and local_capacity_percent(cluster) <= 0,
         f"{cache:g}% for the cache plus disk_reservation_percent {reserved:g}% leaves no disk "
         "for log data; lower one or set retention_local_target_capacity_percent",
     )
     return found
+
+
+def local_capacity_percent(cluster: Mapping[str, Value]) -> float:
+    """Target share of the disk for local log data: retention_local_target_capacity_percent,
+    or by default what the cache and the reservation leave (Redpanda's default)."""
+    explicit = cluster["retention_local_target_capacity_percent"]
+    if explicit is not None:
+        return float(explicit)  # type: ignore[arg-type]
+    cache = float(cluster["cloud_storage_cache_size_percent"] or 0)  # type: ignore[arg-type]
+    reserved = float(cluster["disk_reservation_percent"] or 0)  # type: ignore[arg-type]
+    return max(0.0, 100.0 - cache - reserved)
 
 
 def check_registry() -> list[str]:

@@ -96,6 +96,7 @@ class ConcurrencyLimit:
         self._cond = threading.Condition()
         self._limit = 1
         self._held = 0
+        self._waiting = 0
         self.set_limit(limit)
 
     @property
@@ -105,6 +106,11 @@ class ConcurrencyLimit:
     @property
     def held(self) -> int:
         return self._held
+
+    @property
+    def waiting(self) -> int:
+        """Holders blocked for a slot right now."""
+        return self._waiting
 
     def set_limit(self, limit: int) -> None:
         if isinstance(limit, bool) or limit < 1:
@@ -117,8 +123,10 @@ class ConcurrencyLimit:
     def hold(self) -> Iterator[None]:
         """One slot for the duration of the block, waiting for one first if none is free."""
         with self._cond:
+            self._waiting += 1
             while self._held >= self._limit:
                 self._cond.wait()
+            self._waiting -= 1
             self._held += 1
         try:
             yield

@@ -20,6 +20,9 @@ from faultproxy import FaultProxy
 
 from tiered.store import STORES, FileStore, ObjectStore, S3Store, StoreSettings
 
+#: fixtures shared by the tests of several modules (tests/support/)
+pytest_plugins = ["support.remote", "support.spark"]
+
 #: small enough that a test file of a few parts exercises multipart; S3's minimum part size
 TEST_MULTIPART_THRESHOLD = 5 * 1024 * 1024
 

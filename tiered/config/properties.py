@@ -549,5 +549,5 @@ def check_registry() -> list[str]:
 
 
 _problems = check_registry()
-if _problems:  # pragma: no cover - caught by tests/test_config.py before it ships
+if _problems:  # pragma: no cover - caught by tests/test_config/test_config.py before it ships
     raise RuntimeError("tiered.config.properties registry is inconsistent: " + "; ".join(_problems))

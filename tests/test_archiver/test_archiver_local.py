@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from faultproxy import FaultProxy
-from test_archiver_e2e import (
+from support.archiving import (
     Clock,
     Disk,
     GiB,

@@ -12,7 +12,7 @@ from typing import Any
 
 import crc32c
 import pytest
-from test_spark_recover_support import (
+from support.recovery import (
     INDEX_INTERVAL_BYTES,
     REVISION,
     TOPIC,

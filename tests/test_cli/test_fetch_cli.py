@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from test_reader import TOPIC, LogImage, record_timestamp, template
+from support.remote import TOPIC, LogImage, record_timestamp, template
 
 from manifests import keys
 from tiered.cli.main import cli

@@ -6,14 +6,13 @@ recorded; the bandwidth limiter holds the configured rate."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from faultproxy import FaultProxy
-from test_archiver_e2e import (
+from support.archiving import (
     T0,
     Clock,
     Disk,
@@ -24,6 +23,7 @@ from test_archiver_e2e import (
     make_config,
     write_partition,
 )
+from support.waiting import wait_until
 
 from archiver import uploader
 from archiver.bandwidth import ConcurrencyLimit, TokenBucket
@@ -306,11 +306,10 @@ def test_concurrency_limit_changes_while_holders_wait() -> None:
     threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
     for t in threads:
         t.start()
-    _until(lambda: len(started) == 1)
-    time.sleep(0.05)
-    assert len(started) == 1 and limit.held == 1  # the others wait for the one slot
+    wait_until(lambda: limit.waiting == 2, "the other two to wait for the one slot")
+    assert len(started) == 1 and limit.held == 1
     limit.set_limit(3)  # raised while they wait: both start at once
-    _until(lambda: len(started) == 3)
+    wait_until(lambda: len(started) == 3)
     limit.set_limit(1)  # lowered: the three in flight finish, nobody new starts meanwhile
     release.set()
     for t in threads:
@@ -318,13 +317,6 @@ def test_concurrency_limit_changes_while_holders_wait() -> None:
     assert limit.held == 0
     with pytest.raises(PolicyInputError):
         limit.set_limit(0)
-
-
-def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def test_the_controller_keeps_updating_while_a_round_runs(
@@ -357,8 +349,8 @@ def test_the_controller_keeps_updating_while_a_round_runs(
         assert entered.wait(10)
         write_partition(log_dir, "orders", 0, batches=200)  # ~50 new segments
         disk.free = 1024 * 1024  # and the disk is nearly full
-        _until(lambda: archiver.snapshot().pending_bytes > before + 200_000)
-        _until(lambda: archiver.slots.limit > 2)
+        wait_until(lambda: archiver.snapshot().pending_bytes > before + 200_000)
+        wait_until(lambda: archiver.slots.limit > 2)
         assert archiver.snapshot().controller_shares > 100
         assert round_thread.is_alive()  # all of that while the first round still runs
     finally:

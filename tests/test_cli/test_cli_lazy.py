@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from tiered.cli.main import COMMANDS, cli, load_command
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("boto3", "botocore", "pyspark", "prometheus_client", "cache", "archiver", "spark_jobs")
 
 

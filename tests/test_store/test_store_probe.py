@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from conftest import TEST_MULTIPART_THRESHOLD
 from faultproxy import DROP_AFTER, FaultProxy
+from support.stores import IgnoresConditions, IgnoresIfMatch
 
 from tiered.store import (
     PROBE_PREFIX,
@@ -27,34 +28,6 @@ from tiered.store import (
     open_store,
     probe_conditional_writes,
 )
-
-
-class IgnoresConditions(FileStore):
-    """A store like some S3 clones: takes If-Match / If-None-Match and ignores them."""
-
-    def put(
-        self,
-        key: str,
-        data: bytes,
-        *,
-        if_none_match: bool = False,
-        if_match: str | None = None,
-    ) -> str:
-        return super().put(key, data)
-
-
-class IgnoresIfMatch(FileStore):
-    """Honours If-None-Match only: CAS replaces of a manifest would still lose updates."""
-
-    def put(
-        self,
-        key: str,
-        data: bytes,
-        *,
-        if_none_match: bool = False,
-        if_match: str | None = None,
-    ) -> str:
-        return super().put(key, data, if_none_match=if_none_match)
 
 
 def _settings(tmp_path: Path, *, allow_unconditional_writes: bool = False) -> StoreSettings:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from test_archiver_e2e import (
+from support.archiving import (
     Clock,
     Disk,
     closed_segments,

@@ -39,7 +39,7 @@ from tiered.kafka.segment import parse_segment_file_name
 from tiered.store import PROBE_PREFIX, ObjectStore, open_store
 from tiered.store.probe import probe_key
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "orders"
 PARTITIONS = 3
 SEGMENT_BYTES = 2048

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_spark_recover_support import (
+from support.recovery import (
     INDEX_INTERVAL_BYTES,
     REVISION,
     TOPIC,

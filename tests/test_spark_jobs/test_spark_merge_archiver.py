@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_archiver_e2e import Clock, Disk, make_config, revision, write_partition
-from test_spark_merge import read_back
+from support.archiving import Clock, Disk, make_config, revision, write_partition
+from support.spark import read_back
 
 from archiver.service import Archiver
 from manifests import ManifestSettings, ManifestStore

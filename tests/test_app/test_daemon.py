@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import Any, cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.waiting import wait_until
 
 from archiver.controller import ControllerOutput
 from archiver.service import Archiver, ArchiverStats, PartitionReport, PassReport
@@ -565,14 +565,6 @@ def _tiered(*args: str) -> list[str]:
     return [sys.executable, "-c", "from tiered.cli.main import main; main()", *args]
 
 
-def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> None:
@@ -596,11 +588,11 @@ def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> 
                                      # no [cache] dir: the default one, kept in the test's dir
                                      "XDG_CACHE_HOME": str(tmp_path / "xdg")})
     try:
-        _wait_for(lambda: "upload round" in stderr.read_text(), "the first upload round")
+        wait_until(lambda: "upload round" in stderr.read_text(), "the first upload round")
         if signum == signal.SIGTERM:  # the real archiver's numbers, over real HTTP
             url = re.search(r"metrics and health on (http://\S+) ", stderr.read_text())
             assert url is not None
-            _wait_for(lambda: _get(url.group(1) + "/health")[1]["partitions"] == 1,
+            wait_until(lambda: _get(url.group(1) + "/health")[1]["partitions"] == 1,
                       "the first round to be published")
             status, body = _get(url.group(1) + "/health")
             assert (status, body["status"], body["store_up"]) == (200, "ok", True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_archiver_e2e import (
+from support.archiving import (
     Clock,
     Disk,
     before_put_file,

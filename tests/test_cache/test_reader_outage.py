@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from test_reader import CountingStore, Fixture, make_config, shared_remote
+from support.remote import CountingStore, Fixture, make_config, shared_remote
 
 from cache.reader import Reader
 from tiered.store.base import ObjectInfo

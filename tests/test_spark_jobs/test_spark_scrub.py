@@ -14,7 +14,7 @@ from typing import Any
 
 import crc32c
 import pytest
-from test_spark_recover_support import (
+from support.recovery import (
     REVISION,
     TOPIC,
     Archived,

@@ -34,7 +34,7 @@ from tiered.config.properties import (
 from tiered.errors import ConfigError
 from tiered.store import parse_store_url
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
 MiB = 1024 * 1024
 
@@ -862,7 +862,7 @@ def _table(scope: str) -> str:
 @pytest.mark.parametrize("scope", ["cluster", "topic"])
 def test_docs_list_every_property(scope: str) -> None:
     """The tables in docs/configuration.md are generated from the registry; regenerate with
-    TIERED_REGENERATE_DOCS=1 pytest tests/test_config.py."""
+    TIERED_REGENERATE_DOCS=1 pytest tests/test_config/test_config.py."""
     begin, end = f"<!-- BEGIN {scope} properties -->\n", f"<!-- END {scope} properties -->"
     text = DOC.read_text()
     pattern = re.compile(re.escape(begin) + r"(.*?)" + re.escape(end), re.S)

@@ -174,7 +174,7 @@ def test_archive_once_refuses_a_store_ignoring_conditions_and_writes_nothing(
 ) -> None:
     # the probe runs beside the pass (ProbingStore); its verdict still decides the exit code,
     # and nothing (segment, index, manifest) appears in a store it refused
-    from test_store_probe import IgnoresConditions
+    from support.stores import IgnoresConditions
 
     from tiered.store import STORES
 

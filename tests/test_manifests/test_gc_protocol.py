@@ -13,7 +13,7 @@ from typing import Any
 
 import crc32c
 import pytest
-from test_archiver_e2e import Clock, Disk, drain, load_manifest, make_config, write_partition
+from support.archiving import Clock, Disk, drain, load_manifest, make_config, write_partition
 
 from archiver.service import Archiver
 from manifests import keys, ops

@@ -15,7 +15,7 @@ from cache.eviction import make_strategy
 
 @pytest.fixture(scope="module")
 def sim() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cache_policy.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cache_policy.py"
     spec = importlib.util.spec_from_file_location("cache_policy_bench", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from test_reader import (
+from support.remote import (
     TOPIC,
     Fixture,
     archived_partition,

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_spark_merge import REVISION, TOPIC, make_context, seed
+from support.spark import REVISION, TOPIC, make_context, seed
 
 from tiered.cli.main import cli
 from tiered.store.base import ObjectStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_config(path: Path, store: ObjectStore, extra: str = "") -> Path:

@@ -219,6 +219,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
+        self._bar: Any = None  # click's progress bar, on a terminal
 
     def completed_tasks(self) -> int:
         """Tasks finished so far in this job group (0 before Spark reports any)."""
@@ -247,21 +248,38 @@ class Progress:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                text = self.line()
+                self._show(final=False)
             except Exception:  # the tracker may be gone while the context stops
                 return
-            self._write(text, final=False)
 
-    def _write(self, text: str, *, final: bool) -> None:
-        if self._tty:
-            self.stream.write("\r\x1b[K" + text + ("\n" if final else ""))
-        else:
-            self.stream.write(text + "\n")
+    def _show(self, *, final: bool) -> None:
+        """On a terminal, click's progress bar (tasks done of all, bytes moved beside it);
+        elsewhere (a log file, a CI run) one plain line per interval."""
+        if self._bar is not None:
+            done = self.completed_tasks()
+            self._bar.update(max(0, done - self._bar.pos))
+            if final:
+                self._bar.render_finish()
+            return
+        self.stream.write(self.line() + "\n")
         self.stream.flush()
+
+    def _bytes_text(self, _item: object = None) -> str:
+        if self.bytes_done is None:
+            return ""
+        elapsed = time.monotonic() - self._started
+        moved = self.bytes_done()
+        rate = moved / elapsed if elapsed > 0 else 0.0
+        return f"{format_size(moved)} ({format_size(int(rate))}/s)"
 
     def __enter__(self) -> Progress:
         self.sc.setJobGroup(self.group, self.label)
         self._started = time.monotonic()
+        if self._tty:
+            self._bar = click.progressbar(length=max(1, self.total_tasks), label=self.label,
+                                          file=self.stream, show_eta=False,
+                                          item_show_func=self._bytes_text)
+            self._bar.__enter__()
         self._thread = threading.Thread(target=self._loop, name=f"progress-{self.group}",
                                         daemon=True)
         self._thread.start()
@@ -273,7 +291,10 @@ class Progress:
             self._thread.join(timeout=5)
         # a failed last progress line must not mask the job's own outcome
         with contextlib.suppress(Exception):
-            self._write(self.line(), final=True)
+            self._show(final=True)
+        if self._bar is not None:
+            with contextlib.suppress(Exception):
+                self._bar.__exit__(None, None, None)
 
 
 # -- output ------------------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from typing import Any
 
 import pytest
 
+from spark_jobs.common import Progress
 from spark_jobs.session import SparkUnavailable, require_pyspark
 
 
@@ -23,3 +25,22 @@ def test_missing_pyspark_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "pyspark", None)  # makes `import pyspark` fail
     with pytest.raises(SparkUnavailable, match=r"pip install 'tiered\[spark\]'"):
         require_pyspark()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["terminal", "log"])
+def test_progress_of_a_job_on_a_terminal_and_in_a_log(spark: Any, tty: bool) -> None:
+    """A terminal gets click's progress bar, a log plain lines; both end with every task."""
+    stream: io.StringIO = _Terminal() if tty else io.StringIO()
+    sc = spark.sparkContext
+    rdd = sc.parallelize(range(8), 4)
+    with Progress(sc, "counting", group="progress-test", total_tasks=4,
+                  bytes_done=lambda: 4096, interval_s=0.05, stream=stream):
+        assert sum(rdd.map(lambda x: x * 2).collect()) == 56
+    out = stream.getvalue()
+    assert "counting" in out and "4 KiB" in out
+    assert ("100%" in out) if tty else ("4/4 tasks" in out.splitlines()[-1])

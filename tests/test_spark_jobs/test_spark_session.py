@@ -38,7 +38,7 @@ def test_progress_of_a_job_on_a_terminal_and_in_a_log(spark: Any, tty: bool) -> 
     stream: io.StringIO = _Terminal() if tty else io.StringIO()
     sc = spark.sparkContext
     rdd = sc.parallelize(range(8), 4)
-    with Progress(sc, "counting", group="progress-test", total_tasks=4,
+    with Progress(sc, "counting", group=f"progress-test-{tty}", total_tasks=4,
                   bytes_done=lambda: 4096, interval_s=0.05, stream=stream):
         assert sum(rdd.map(lambda x: x * 2).collect()) == 56
     out = stream.getvalue()

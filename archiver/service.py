@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from archiver import controller
-from archiver.bandwidth import ConcurrencyLimit, TokenBucket
 from archiver.controller import ControllerOutput, ControllerParams, ControllerState, UploadBudget
 from archiver.local_retention import (
     LocalRetentionResult,
@@ -53,6 +52,7 @@ from archiver.space import (
     safe_delete_below,
     upload_backlog_bytes,
 )
+from archiver.throttle import UploadThrottle
 from archiver.upload_policy import LogSnapshot, UploadParams
 from archiver.uploader import (
     ArchivalCursor,
@@ -76,7 +76,6 @@ log = logging.getLogger(__name__)
 
 #: shortest pause between the controller's updates during an upload round, whatever
 #: cloud_storage_upload_ctrl_update_interval_ms says (each update lists the log dirs)
-MIN_CONTROLLER_TICK_S = 0.1
 #: partitions housekept at once while a one-shot pass is still uploading: few, since they
 #: share the connection pool with the uploads
 PASS_HOUSEKEEPING_WORKERS = 2
@@ -162,12 +161,13 @@ class Archiver:
         self.gc = GarbageCollector(self.mstore,
                                    grace_ms=config.cluster_int("cloud_storage_gc_grace_period_ms"))
         self.facts = SegmentFacts()
-        self.limiter = TokenBucket(None, sleep=sleep)
         self._ctrl_state = ControllerState.initial(self.ctrl_params)
         self._ctrl_output = ControllerOutput(0.0, fixed_shares or self._ctrl_state.shares, 0.0,
                                              False)
-        self._budget = self._budget_for(self._ctrl_output.shares)
-        self.slots = ConcurrencyLimit(self._budget.concurrency)
+        self.throttle = UploadThrottle(self.ctrl_params, shares=self._ctrl_output.shares,
+                                       max_bandwidth=self.max_bandwidth,
+                                       max_concurrency=self.max_concurrency, sleep=sleep)
+        self.limiter, self.slots = self.throttle.limiter, self.throttle.slots
         self._gate = UploadGate(self.limiter, self.slots)
         self._space_cursor = 0
         #: set when local files vanished under a listing: the next round re-lists the log dirs
@@ -225,8 +225,8 @@ class Archiver:
         through a pool sized for the largest budget, gated by `slots` and `limiter`, which the
         controller keeps adjusting while the round runs (see `_controller_running`). `after`
         is called with each partition's row as soon as that partition is done."""
-        budget = self._budget
-        self._apply(budget)
+        budget = self.throttle.budget
+        self.throttle.apply(budget)
         if self._rescan:  # a partition's files vanished under its listing last round
             self._rescan = False
             self.scan()
@@ -249,34 +249,13 @@ class Archiver:
 
     @contextmanager
     def _controller_running(self) -> Iterator[None]:
-        """Keep the controller on its schedule while a round runs. A round at minimum shares
-        can take minutes; a controller that only looked between rounds would see a burst
-        late and could not speed up the very round that is falling behind. The new budget
-        applies at once to the uploads not yet started (slots, bandwidth)."""
+        """Keep the controller on its schedule while a round runs (`UploadThrottle`); the new
+        budget applies at once to the uploads not yet started. Not with fixed shares."""
         if self.fixed_shares is not None:
             yield
             return
-        stop = threading.Event()
-        interval_s = max(self.ctrl_params.update_interval_ms / 1000, MIN_CONTROLLER_TICK_S)
-
-        def tick() -> None:
-            while not stop.wait(interval_s):
-                try:
-                    self.update_controller(rescan=True)
-                except Exception:  # a background loop: log it, keep the round going
-                    log.exception("upload controller update during an upload round failed")
-
-        thread = threading.Thread(target=tick, name="archiver-controller", daemon=True)
-        thread.start()
-        try:
+        with self.throttle.controller_running(lambda: self.update_controller(rescan=True)):
             yield
-        finally:
-            stop.set()
-            thread.join()
-
-    def _apply(self, budget: UploadBudget) -> None:
-        self.limiter.set_rate(budget.bandwidth_bytes_per_s)
-        self.slots.set_limit(budget.concurrency)
 
     def _upload_partition(self, state: _Partition, submit: Any) -> PartitionReport:
         tp = state.tp
@@ -359,7 +338,7 @@ class Archiver:
         states = self._states()
         if not states:
             return self._housekept([])
-        workers = max(1, min(len(states), self._budget.concurrency))
+        workers = max(1, min(len(states), self.throttle.budget.concurrency))
         with ThreadPoolExecutor(workers, thread_name_prefix="housekeeping") as pool:
             return self._housekept(list(pool.map(self._housekeep_partition, states)))
 
@@ -517,11 +496,6 @@ class Archiver:
 
     # -- controller ------------------------------------------------------------------------------
 
-    def _budget_for(self, shares: int) -> UploadBudget:
-        return controller.upload_budget(shares, self.ctrl_params,
-                                        max_bandwidth_bytes_per_s=self.max_bandwidth,
-                                        max_concurrency=self.max_concurrency)
-
     def update_controller(self, *, rescan: bool = False) -> ControllerOutput:
         """Recompute the backlog (local bytes not yet in a committed manifest), the PD
         controller's shares (or the fixed ones) and the upload budget they buy, which applies
@@ -538,8 +512,7 @@ class Archiver:
                 out = ControllerOutput(out.error, self.fixed_shares, out.backlog_ratio,
                                        out.updated)
             self._ctrl_output = out
-            self._budget = self._budget_for(out.shares)
-            self._apply(self._budget)
+            self.throttle.apply(self.throttle.budget_for(out.shares))
             s = self._stats
             s.pending_bytes = backlog
             s.pending_bytes_by_partition = {(v.topic, v.partition): upload_backlog_bytes([v])
@@ -553,7 +526,7 @@ class Archiver:
     @property
     def budget(self) -> UploadBudget:
         """The upload budget the next round uses."""
-        return self._budget
+        return self.throttle.budget
 
     # -- whole passes and reporting --------------------------------------------------------------
 

@@ -15,7 +15,8 @@ from archiver.service import Archiver
 from archiver.space import DiskInfo
 from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest
-from tiered.config import Config, parse_config
+from support.configs import config_over
+from tiered.config import Config
 from tiered.kafka.checkpoints import TopicPartition, read_partition_metadata, topic_id_to_str
 from tiered.kafka.local_log import LocalLog
 from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
@@ -59,16 +60,8 @@ def make_config(
     mode: str = "enforce",
 ) -> Config:
     """A config over `tmp_path/logs`; the store is passed to the Archiver directly."""
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir(exist_ok=True)
-    data: dict[str, Any] = {
-        "storage": {"url": (tmp_path / "unused-bucket").as_uri()},
-        "log": {"dirs": [str(log_dir)], "retention": mode},
-        "cache": {"dir": str(tmp_path / "cache")},
-        "cluster": {"storage_min_free_bytes": 0, **(cluster or {})},
-        "topics": {name: dict(t) for name, t in (topics or {}).items()},
-    }
-    return parse_config(data, source="test", base_dir=tmp_path)
+    return config_over(tmp_path, url=(tmp_path / "unused-bucket").as_uri(), mode=mode,
+                       cluster=cluster, topics=topics)
 
 
 def write_partition(

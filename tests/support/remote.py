@@ -18,7 +18,8 @@ import pytest
 from archiver.service import Archiver
 from archiver.space import DiskInfo
 from cache.reader import Reader
-from tiered.config import Config, parse_config
+from support.configs import config_over
+from tiered.config import Config
 from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
 from tiered.kafka.local_log import LocalLog
 from tiered.kafka.log_writer import LogWriter, ProducerRecord
@@ -48,22 +49,11 @@ def make_config(tmp_path: Path, *, cluster: Mapping[str, Any] | None = None,
                 bucket: Path | None = None) -> Config:
     """Tiny spillover (many archived manifests), tiny chunks (many chunks per segment); the
     bucket is `tmp_path/bucket` unless given."""
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir(exist_ok=True)
-    data: dict[str, Any] = {
-        "storage": {"url": (bucket or tmp_path / "bucket").as_uri()},
-        "log": {"dirs": [str(log_dir)], "retention": "advise"},
-        "cache": {"dir": str(tmp_path / "cache")},
-        "cluster": {
-            "storage_min_free_bytes": 0,
-            "cloud_storage_spillover_manifest_size": 1024,
-            "cloud_storage_cache_chunk_size": 300,
-            "cloud_storage_cache_size": 64 * 1024 * 1024,
-            **(cluster or {}),
-        },
-        "topics": {name: dict(t) for name, t in (topics or {}).items()},
-    }
-    return parse_config(data, source="test", base_dir=tmp_path)
+    return config_over(tmp_path, url=(bucket or tmp_path / "bucket").as_uri(), mode="advise",
+                       cluster={"cloud_storage_spillover_manifest_size": 1024,
+                                "cloud_storage_cache_chunk_size": 300,
+                                "cloud_storage_cache_size": 64 * 1024 * 1024, **(cluster or {})},
+                       topics=topics)
 
 
 def producer_records(first_offset: int, count: int) -> list[ProducerRecord]:

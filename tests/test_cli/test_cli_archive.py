@@ -344,8 +344,11 @@ def test_describe_storage_exits_1_when_a_partition_cannot_be_read(
 ) -> None:
     config, log_dir = setup
     assert invoke("archive", "--once", "--config", str(config)).exit_code == 0
-    manifest = next((log_dir.parent / "bucket").rglob("manifest.json"))
-    manifest.write_bytes(b"{ not json")
+    from tiered.store import FileStore, StoreSettings
+
+    store = FileStore(StoreSettings(url=(log_dir.parent / "bucket").as_uri()))
+    head = next(i.key for i in store.list("") if i.key.endswith("/manifest.json"))
+    store.put(head, b"{ not json")
     result = CliRunner().invoke(cli, ["-q", "describe-storage", "--config", str(config)])
     assert result.exit_code == 1
     assert "cannot read the manifest" in result.stdout

@@ -18,7 +18,14 @@ import boto3
 import pytest
 from faultproxy import FaultProxy
 
-from tiered.store import STORES, FileStore, ObjectStore, S3Store, StoreSettings
+from tiered.store import (
+    STORES,
+    FileStore,
+    ObjectStore,
+    S3Store,
+    StoreSettings,
+    probe_conditional_writes,
+)
 
 #: fixtures shared by the tests of several modules (tests/support/)
 pytest_plugins = ["support.remote", "support.spark"]
@@ -41,15 +48,24 @@ def no_sleep(seconds: float) -> None:
     """Retry backoff that does not wait: fault tests count attempts, not seconds."""
 
 
+#: a real S3 server to run the S3 tests against instead of moto (keys testing/testing), e.g.
+#: Ceph RGW from `ceph_rgw.sh up DIR PORT`: TIERED_TEST_S3_ENDPOINT=http://127.0.0.1:PORT
+EXTERNAL_S3 = os.environ.get("TIERED_TEST_S3_ENDPOINT")
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """URL of a moto S3 server on 127.0.0.1 (ephemeral port), shared by the session."""
+    """URL of the S3 server the session's tests use: moto on 127.0.0.1 (ephemeral port), or
+    the real server `TIERED_TEST_S3_ENDPOINT` names."""
     from moto.server import ThreadedMotoServer
 
     with pytest.MonkeyPatch.context() as mp:
         for name, value in _FAKE_AWS_ENV.items():
             mp.setenv(name, value)
         mp.delenv("AWS_PROFILE", raising=False)
+        if EXTERNAL_S3:
+            yield EXTERNAL_S3
+            return
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
@@ -67,6 +83,8 @@ def s3_bucket(moto_endpoint: str) -> Iterator[str]:
     client.create_bucket(Bucket=name)
     client.close()
     yield name
+    if EXTERNAL_S3:
+        return  # a real server keeps its throwaway buckets; moto is wiped to bound memory
     reset = urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")
     with urllib.request.urlopen(reset, timeout=30):
         pass
@@ -90,9 +108,32 @@ def s3_settings(endpoint: str, bucket: str, prefix: str = "pfx", **overrides: An
     return StoreSettings(**fields)
 
 
+def condition_form(endpoint: str) -> str:
+    """The If-Match spelling the server at `endpoint` enforces, found once by the start-up
+    probe as tiered finds it (moto and AWS: quoted; Ceph RGW 16.2: bare)."""
+    if endpoint not in _FORMS:
+        with S3Store(s3_settings(endpoint, _probe_bucket(endpoint)), sleep=no_sleep) as store:
+            probe_conditional_writes(store)
+            _FORMS[endpoint] = store.condition_form
+    return _FORMS[endpoint]
+
+
+_FORMS: dict[str, str] = {}
+
+
+def _probe_bucket(endpoint: str) -> str:
+    name = f"tiered-probe-{uuid.uuid4().hex[:12]}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=name)
+    client.close()
+    return name
+
+
 @pytest.fixture
 def s3_store(moto_endpoint: str, s3_bucket: str) -> Iterator[S3Store]:
     store = S3Store(s3_settings(moto_endpoint, s3_bucket), sleep=no_sleep)
+    if EXTERNAL_S3:  # a writer probes first; on a real server the spelling may differ
+        store.use_condition_form(condition_form(moto_endpoint))
     yield store
     store.close()
 
@@ -112,6 +153,8 @@ def proxied_s3_store(fault_proxy: FaultProxy, s3_bucket: str) -> Iterator[Callab
 
     def make(**overrides: Any) -> S3Store:
         store = S3Store(s3_settings(fault_proxy.url, s3_bucket, **overrides), sleep=no_sleep)
+        if EXTERNAL_S3:
+            store.use_condition_form(condition_form(EXTERNAL_S3))
         made.append(store)
         return store
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import crc32c
 import pytest
-from conftest import TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
+from conftest import EXTERNAL_S3, TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
 
 from tiered.store import (
     FileStore,
@@ -443,6 +443,9 @@ def test_s3_multipart_declares_a_checksum_the_store_keeps(s3_store: S3Store,
     parts = [data[i : i + size] for i in range(0, len(data), size)]
     digests = b"".join(crc32c.crc32c(p).to_bytes(4, "big") for p in parts)
     composite = base64.b64encode(crc32c.crc32c(digests).to_bytes(4, "big")).decode()
+    if EXTERNAL_S3 and not got.get("ChecksumCRC32C"):
+        pytest.skip("this server keeps no object checksum (Ceph RGW 16.2 predates flexible "
+                    "checksums); the manifest's CRC-32C still checks every read")
     assert got.get("ChecksumCRC32C", "").split("-")[0] == composite
     assert s3_store.get("seg/mp.log") == data
 

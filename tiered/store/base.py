@@ -146,6 +146,16 @@ class ObjectStore(abc.ABC):
 
         Returns the keys that could not be deleted (empty on full success)."""
 
+    #: the ways this backend can spell an If-Match condition, preferred first (see
+    #: `use_condition_form`); servers differ in which one they compare
+    condition_forms: tuple[str, ...] = ("native",)
+
+    def use_condition_form(self, form: str) -> None:  # noqa: B027 - one form by default
+        """Spell If-Match conditions as `form` (one of `condition_forms`) from now on. The
+        start-up probe picks the form the server enforces."""
+        if form not in self.condition_forms:
+            raise ValueError(f"unknown condition form {form!r}; known: {self.condition_forms}")
+
     def exists(self, key: str) -> bool:
         from tiered.store.errors import ObjectNotFound
 

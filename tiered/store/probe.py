@@ -90,6 +90,7 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
     key = probe_key(time.time())
     where = f"{store.settings.url.rstrip('/')}/{key}"
     problems: list[str] = []
+    form: str | None = None
     created = False
     first, final = f"tiered probe 1 {key}".encode(), f"tiered probe 4 {key}".encode()
     try:
@@ -110,16 +111,13 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
         if _accepted(lambda: store.put(key, b"tiered probe 3", if_match=wrong)):
             problems.append("an If-Match put with a wrong ETag replaced the object")
             etag = store.head(key).etag
-        try:
-            store.put(key, final, if_match=etag)
-        except PreconditionFailed:
-            # a lost answer is not evidence: if the object holds these bytes, a first attempt
-            # was applied and its retry found the ETag changed by itself
-            if _landed(store, key, final) is None:
-                problems.append(
-                    "an If-Match put with the current ETag was refused (the ETag returned by a "
-                    "put is not the one the store compares against)"
-                )
+        form = _if_match_form(store, key, final, etag)
+        if form is None:
+            problems.append(
+                "an If-Match put with the current ETag was refused in every form this client "
+                f"can send ({', '.join(store.condition_forms)}): the store does not compare "
+                "the ETag its puts return"
+            )
     except ConditionalWritesUnsupported as exc:
         problems.append(f"the store rejects conditional puts outright ({exc})")
     finally:
@@ -127,7 +125,8 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
             _remove(store, key)
 
     if not problems:
-        log.info("%s: conditional writes are enforced", store.settings.url)
+        shown = "" if form in (None, "native") else f" (If-Match sent {form})"
+        log.info("%s: conditional writes are enforced%s", store.settings.url, shown)
         return True
     message = (
         f"store {store.settings.url} does not enforce conditional writes (probe {where}): "
@@ -139,6 +138,25 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
         log.warning("%s -- continuing because allow_unconditional_writes is set", message)
         return False
     raise ConditionalWritesUnsupported(message)
+
+
+def _if_match_form(store: ObjectStore, key: str, data: bytes, etag: str) -> str | None:
+    """The first of the store's If-Match spellings that a put with the current ETag passes
+    (servers differ: AWS and MinIO compare the quoted entity tag, Ceph RGW 16.2 the bare
+    one), now in use on `store`; None when every form is refused."""
+    for form in store.condition_forms:
+        store.use_condition_form(form)
+        try:
+            store.put(key, data, if_match=etag)
+        except PreconditionFailed:
+            # a lost answer is not evidence: if the object holds these bytes, a first attempt
+            # was applied and its retry found the ETag changed by itself
+            if _landed(store, key, data) is not None:
+                return form
+            continue
+        return form
+    store.use_condition_form(store.condition_forms[0])
+    return None
 
 
 def _landed(store: ObjectStore, key: str, data: bytes) -> str | None:

@@ -28,6 +28,7 @@ from tiered.store import (
     open_store,
     probe_conditional_writes,
 )
+from tiered.store.errors import PreconditionFailed
 
 
 def _settings(tmp_path: Path, *, allow_unconditional_writes: bool = False) -> StoreSettings:
@@ -226,3 +227,31 @@ def test_a_healthy_start_counts_no_store_error(s3_store: S3Store) -> None:
     assert not s3_store.exists("no/such/key")
     counts = s3_store.stats.snapshot()
     assert counts["errors"] == 0 and counts["operations"] > 5
+
+
+class BareIfMatchOnly(FileStore):
+    """Like Ceph RGW 16.2: enforces If-Match, but only matches the ETag spelled bare."""
+
+    condition_forms = ("quoted", "bare")
+    form = "quoted"
+
+    def use_condition_form(self, form: str) -> None:
+        self.form = form
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            if_match: str | None = None) -> str:
+        if if_match is not None and self.form == "quoted":
+            raise PreconditionFailed(f"put {key}: condition not met (quoted ETag)")
+        return super().put(key, data, if_none_match=if_none_match, if_match=if_match)
+
+
+def test_the_probe_finds_the_if_match_spelling_the_server_enforces(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = BareIfMatchOnly(_settings(tmp_path))
+    with caplog.at_level(logging.INFO, logger="tiered.store.probe"):
+        assert probe_conditional_writes(store) is True
+    assert store.form == "bare"
+    assert "If-Match sent bare" in caplog.text
+    etag = store.put("m", b"1")
+    store.put("m", b"2", if_match=etag)  # the store goes on in the form the probe found

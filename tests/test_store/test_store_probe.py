@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from conftest import TEST_MULTIPART_THRESHOLD
 from faultproxy import DROP_AFTER, FaultProxy
+from manifest_fakes import segment
 from support.stores import IgnoresConditions, IgnoresIfMatch
 
+from manifests import ManifestStore, ops
 from tiered.store import (
     PROBE_PREFIX,
     STORES,
@@ -255,3 +257,32 @@ def test_the_probe_finds_the_if_match_spelling_the_server_enforces(
     assert "If-Match sent bare" in caplog.text
     etag = store.put("m", b"1")
     store.put("m", b"2", if_match=etag)  # the store goes on in the form the probe found
+
+
+class RefusesEveryIfMatch(BareIfMatchOnly):
+    """A server that answers 412 to every If-Match, whatever the ETag: nothing to compare."""
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            if_match: str | None = None) -> str:
+        if if_match is not None and self.form != "none":
+            raise PreconditionFailed(f"put {key}: condition not met")
+        return FileStore.put(self, key, data, if_none_match=if_none_match)
+
+
+def test_the_opt_out_sends_no_condition_a_server_refuses(tmp_path: Path) -> None:
+    """With cloud_storage_allow_unconditional_writes, nothing depends on a condition the
+    server ignores or refuses: the store sends plain PUTs, so manifest commits go through
+    (and are no longer compare-and-swap: one writer only)."""
+    refused = RefusesEveryIfMatch(_settings(tmp_path))
+    with pytest.raises(ConditionalWritesUnsupported, match="every form"):
+        probe_conditional_writes(refused)
+    store = RefusesEveryIfMatch(_settings(tmp_path, allow_unconditional_writes=True))
+    assert probe_conditional_writes(store) is False
+    assert store.form == "none"
+    mstore = ManifestStore(store)
+    m, etag = mstore.load("orders", 0, "r")
+    for base in range(0, 30, 10):
+        done = mstore.update("orders", 0, "r", lambda m, b=base: ops.add_segments(
+            ops.with_term(m, 1), [segment(b, 10, name=f"s{b}.log")]))
+        assert done.committed
+    assert mstore.load("orders", 0, "r")[0].next_offset == 30

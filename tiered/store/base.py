@@ -85,6 +85,10 @@ class StoreSettings:
     allow_unconditional_writes: bool = False
 
 
+#: the condition "form" of a store that sends no conditions: see `ObjectStore.use_condition_form`
+UNCONDITIONAL = "none"
+
+
 class ObjectStore(abc.ABC):
     """A bucket (or directory) of immutable-ish objects addressed by key."""
 
@@ -151,9 +155,10 @@ class ObjectStore(abc.ABC):
     condition_forms: tuple[str, ...] = ("native",)
 
     def use_condition_form(self, form: str) -> None:  # noqa: B027 - one form by default
-        """Spell If-Match conditions as `form` (one of `condition_forms`) from now on. The
-        start-up probe picks the form the server enforces."""
-        if form not in self.condition_forms:
+        """Spell If-Match conditions as `form` (one of `condition_forms`) from now on, or
+        send none at all (`UNCONDITIONAL`: the single-writer opt-out on a server that does not
+        enforce them). The start-up probe picks the form the server enforces."""
+        if form not in (*self.condition_forms, UNCONDITIONAL):
             raise ValueError(f"unknown condition form {form!r}; known: {self.condition_forms}")
 
     def exists(self, key: str) -> bool:

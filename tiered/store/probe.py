@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
-from tiered.store.base import Blob, ObjectInfo, ObjectStore
+from tiered.store.base import UNCONDITIONAL, Blob, ObjectInfo, ObjectStore
 from tiered.store.errors import (
     ConditionalWritesUnsupported,
     ObjectNotFound,
@@ -135,7 +135,10 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
         "other's manifests and silently lose updates. " + OPT_OUT_HINT
     )
     if store.settings.allow_unconditional_writes:
-        log.warning("%s -- continuing because allow_unconditional_writes is set", message)
+        # nothing may depend on a condition this server ignores or refuses: plain PUTs
+        store.use_condition_form(UNCONDITIONAL)
+        log.warning("%s -- continuing WITHOUT conditions because allow_unconditional_writes "
+                    "is set: only safe with exactly one writer", message)
         return False
     raise ConditionalWritesUnsupported(message)
 

@@ -23,7 +23,7 @@ import botocore.exceptions
 import crc32c
 
 from tiered.errors import ConfigError
-from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.base import UNCONDITIONAL, Blob, ObjectInfo, ObjectStore, StoreSettings
 from tiered.store.errors import (
     AccessDenied,
     BucketNotFound,
@@ -198,7 +198,10 @@ class S3Store(ObjectStore):
 
     def use_condition_form(self, form: str) -> None:
         super().use_condition_form(form)
-        self._if_match_form = form
+        if form == UNCONDITIONAL:
+            self._conditions_rejected = True  # plain PUTs from now on
+        else:
+            self._if_match_form = form
 
     @property
     def condition_form(self) -> str:

@@ -352,3 +352,14 @@ def test_describe_storage_exits_1_when_a_partition_cannot_be_read(
     result = CliRunner().invoke(cli, ["-q", "describe-storage", "--config", str(config)])
     assert result.exit_code == 1
     assert "cannot read the manifest" in result.stdout
+
+
+def test_describe_storage_shows_how_the_probe_found_conditional_writes(
+    setup: tuple[Path, Path]
+) -> None:
+    config, _ = setup
+    before = invoke("describe-storage", "--config", str(config))
+    assert "conditional writes: not probed yet" in before.stdout
+    assert invoke("archive", "--once", "--config", str(config)).exit_code == 0
+    after = invoke("describe-storage", "--config", str(config))
+    assert "conditional writes: enforced (If-Match sent native)" in after.stdout

@@ -18,6 +18,7 @@ from manifest_fakes import segment
 from support.stores import IgnoresConditions, IgnoresIfMatch
 
 from manifests import ManifestStore, ops
+from manifests.manifest import PartitionManifest
 from tiered.store import (
     PROBE_PREFIX,
     STORES,
@@ -31,6 +32,7 @@ from tiered.store import (
     probe_conditional_writes,
 )
 from tiered.store.errors import PreconditionFailed
+from tiered.store.probe import VERDICT_KEY, recorded_verdict
 
 
 def _settings(tmp_path: Path, *, allow_unconditional_writes: bool = False) -> StoreSettings:
@@ -41,7 +43,10 @@ def _settings(tmp_path: Path, *, allow_unconditional_writes: bool = False) -> St
 
 def test_probe_passes_on_the_file_store_and_cleans_up(file_store: FileStore) -> None:
     assert probe_conditional_writes(file_store) is True
-    assert list(file_store.list()) == []
+    # nothing left but the verdict describe-storage shows
+    assert [i.key for i in file_store.list()] == [VERDICT_KEY]
+    verdict = recorded_verdict(file_store)
+    assert verdict is not None and (verdict["enforced"], verdict["if_match"]) == (True, "native")
 
 
 def test_probe_passes_on_s3(s3_store: S3Store) -> None:
@@ -77,7 +82,10 @@ def test_opt_out_warns_and_continues(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert len(warnings) == 1
     assert "does not enforce conditional writes" in warnings[0].getMessage()
     assert "only safe with exactly one writer" in warnings[0].getMessage()
-    assert list(store.list()) == []
+    # the probe leaves nothing but its recorded verdict
+    assert [i.key for i in store.list()] == [VERDICT_KEY]
+    verdict = recorded_verdict(store)
+    assert verdict is not None and verdict["enforced"] is False
 
 
 def test_open_store_probes_and_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,7 +290,8 @@ def test_the_opt_out_sends_no_condition_a_server_refuses(tmp_path: Path) -> None
     mstore = ManifestStore(store)
     m, etag = mstore.load("orders", 0, "r")
     for base in range(0, 30, 10):
-        done = mstore.update("orders", 0, "r", lambda m, b=base: ops.add_segments(
-            ops.with_term(m, 1), [segment(b, 10, name=f"s{b}.log")]))
-        assert done.committed
+        def append(m: PartitionManifest, b: int = base) -> PartitionManifest:
+            return ops.add_segments(ops.with_term(m, 1), [segment(b, 10, name=f"s{b}.log")])
+
+        assert mstore.update("orders", 0, "r", append).committed
     assert mstore.load("orders", 0, "r")[0].next_offset == 30

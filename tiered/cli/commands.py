@@ -210,6 +210,17 @@ def _check_topic(ctx: click.Context, param: click.Parameter, value: str | None) 
     return value
 
 
+def conditions_line(verdict: dict[str, Any] | None) -> str:
+    """What the last start-up probe found about the store's conditional writes."""
+    if verdict is None:
+        return "conditional writes: not probed yet (the first writer probes the store)"
+    form = verdict.get("if_match")
+    if verdict.get("enforced"):
+        return f"conditional writes: enforced (If-Match sent {form})"
+    return ("conditional writes: NOT enforced; single-writer opt-out in force "
+            "(cloud_storage_allow_unconditional_writes)")
+
+
 @click.command("describe-storage")
 @config_option
 @click.option("--topic", default=None, callback=_check_topic, help="Only this topic.")
@@ -219,6 +230,7 @@ def describe_storage_command(config_path: Path, topic: str | None, as_json: bool
     and the offset below which local deletion is safe. Reads only; changes nothing."""
     from tiered.app.describe import render_rows, summary_line
     from tiered.store import check_reachable
+    from tiered.store.probe import recorded_verdict
 
     config = _load(config_path, "describe-storage")
     # an interactive read: a store that does not answer is said once, after a short retry,
@@ -227,11 +239,13 @@ def describe_storage_command(config_path: Path, topic: str | None, as_json: bool
         check_reachable(archiver.store)
         archiver.scan()
         rows = archiver.describe(topic)
+        verdict = recorded_verdict(archiver.store)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
         for line in render_rows(rows):
             click.echo(line)
+        click.echo(conditions_line(verdict))
         if rows:
             click.echo(summary_line(rows))
     if any((row.get("remote") or {}).get("error") for row in rows):

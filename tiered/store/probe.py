@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -127,6 +128,7 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
     if not problems:
         shown = "" if form in (None, "native") else f" (If-Match sent {form})"
         log.info("%s: conditional writes are enforced%s", store.settings.url, shown)
+        _record(store, {"enforced": True, "if_match": form or "native"})
         return True
     message = (
         f"store {store.settings.url} does not enforce conditional writes (probe {where}): "
@@ -137,10 +139,33 @@ def probe_conditional_writes(store: ObjectStore) -> bool:
     if store.settings.allow_unconditional_writes:
         # nothing may depend on a condition this server ignores or refuses: plain PUTs
         store.use_condition_form(UNCONDITIONAL)
+        _record(store, {"enforced": False, "if_match": UNCONDITIONAL})
         log.warning("%s -- continuing WITHOUT conditions because allow_unconditional_writes "
                     "is set: only safe with exactly one writer", message)
         return False
     raise ConditionalWritesUnsupported(message)
+
+
+#: where the probe records its verdict, for `describe-storage` to show
+VERDICT_KEY = "_tiered/conditions.json"
+
+
+def _record(store: ObjectStore, verdict: dict[str, object]) -> None:
+    """Best effort: the verdict is for people reading `describe-storage`, never relied on."""
+    verdict = {**verdict, "probed_at_ms": int(time.time() * 1000)}
+    try:
+        store.put(VERDICT_KEY, json.dumps(verdict, sort_keys=True).encode())
+    except StoreError as exc:
+        log.debug("could not record the probe's verdict: %s", exc)
+
+
+def recorded_verdict(store: ObjectStore) -> dict[str, object] | None:
+    """What the last probe of this bucket found (see `VERDICT_KEY`), or None."""
+    try:
+        value = json.loads(store.get(VERDICT_KEY))
+    except (StoreError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _if_match_form(store: ObjectStore, key: str, data: bytes, etag: str) -> str | None:

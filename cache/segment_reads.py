@@ -390,7 +390,14 @@ class LocalSegments:
         key = (str(seg.index_path), st.st_size, st.st_mtime_ns)
         index = self._indexes.get(key)
         if index is None:
-            index = seg.offset_index()
+            try:
+                index = seg.offset_index()
+            except CorruptSegmentError as err:
+                # a bad local index costs speed, never correctness: the `.log` is the truth,
+                # walked from its first batch (archiving rebuilds the index the same way)
+                log.warning("%s: unusable (%s); reading the segment from its start",
+                            seg.index_path, err)
+                index = OffsetIndex(seg.base_offset)
             self._indexes.put(key, index)
         return index
 

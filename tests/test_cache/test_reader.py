@@ -264,6 +264,20 @@ def test_remote_read_disabled_cluster_wide(tmp_path: Path, file_store: ObjectSto
         reader.fetch(TOPIC, 0, 0, 100)
 
 
+def test_a_truncated_local_index_costs_speed_not_correctness(tmp_path: Path,
+                                                             file_store: ObjectStore) -> None:
+    """A 13-byte `.index` (not a whole number of entries) beside a closed segment: the read
+    walks the segment from its start and answers exactly what Kafka would."""
+    fx = archived_partition(tmp_path, file_store, batches=80)
+    indexes = sorted(partition_dir(fx.config).glob("*.index"))
+    assert len(indexes) > 2
+    indexes[1].write_bytes(indexes[1].read_bytes()[:13])
+    with Reader(fx.config, file_store, local_log=LocalLog(fx.config.log_dirs)) as reader:
+        for offset in range(0, fx.end, 3):
+            got = reader.fetch(TOPIC, 0, offset, 700)
+            assert got.source == "local" and got.data == fx.image.expected(offset, 700)
+
+
 def test_local_hits_are_served_locally_without_store_requests(tmp_path: Path,
                                                               file_store: ObjectStore) -> None:
     fx = archived_partition(tmp_path, file_store, batches=80)

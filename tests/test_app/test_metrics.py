@@ -94,6 +94,18 @@ def test_every_archiver_stat_is_exported_with_its_value() -> None:
     assert samples[("tiered_store_retries_total", ())] == 2
 
 
+def test_the_read_paths_store_requests_count_in_the_store_totals() -> None:
+    from prometheus_client import generate_latest
+
+    reader = {"operations": 7, "attempts": 9, "retries": 2, "errors": 1, "exhausted": 0}
+    text = generate_latest(make_registry(ArchiverCollector(_stats, lambda: reader))).decode()
+    alone = _samples(generate_latest(make_registry(ArchiverCollector(_stats))).decode())
+    both = _samples(text)
+    for key, value in reader.items():
+        sample = (f"tiered_store_{key}_total", ())
+        assert both[sample] == alone.get(sample, 0.0) + value, key
+
+
 def test_no_stats_yet_exports_nothing_rather_than_zeros() -> None:
     from prometheus_client import generate_latest
 

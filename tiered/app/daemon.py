@@ -219,7 +219,7 @@ class Daemon:
         self._known: set[tuple[str, int]] = set()
         self._failing: set[tuple[str, str, int]] = set()  # (job, topic, partition)
         registry = make_registry(
-            ArchiverCollector(lambda: self.state.stats),
+            ArchiverCollector(lambda: self.state.stats, self._reader_store_stats),
             JobsCollector(lambda: self.state.jobs, lambda: self.state.store_up),
             ReaderCollector(self._reader_stats),
         )
@@ -308,6 +308,12 @@ class Daemon:
                                "message": "the daemon is not serving reads right now"})
             return 503, {"Content-Type": "application/json"}, body.encode()
         return handle_records(reader, method, path, query)
+
+    def _reader_store_stats(self) -> dict[str, int]:
+        """The read path's store request counters (its own handle on the bucket)."""
+        stats = getattr(self.reader.store, "stats", None) if self.reader is not None else None
+        snapshot = getattr(stats, "snapshot", None)
+        return dict(snapshot()) if snapshot is not None else {}
 
     def _reader_stats(self) -> dict[str, Any] | None:
         reader = self.reader

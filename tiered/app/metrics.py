@@ -102,10 +102,14 @@ def _family(kind: str, name: str, doc: str, labels: list[str] | None = None) -> 
 
 class ArchiverCollector(Collector):
     """Reads an `ArchiverStats` at every scrape; `stats()` returning None (the archiver has not
-    started yet) exports nothing rather than misleading zeros."""
+    started yet) exports nothing rather than misleading zeros. `other_stores()` gives the
+    request counters of the daemon's other store handles (the read path's), added into the
+    `tiered_store_*` totals so every request the process makes is counted."""
 
-    def __init__(self, stats: Callable[[], ArchiverStats | None]) -> None:
+    def __init__(self, stats: Callable[[], ArchiverStats | None],
+                 other_stores: Callable[[], Mapping[str, int]] = dict) -> None:
         self._stats = stats
+        self._other_stores = other_stores
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
@@ -121,7 +125,10 @@ class ArchiverCollector(Collector):
         for (topic, partition), value in sorted(stats.pending_bytes_by_partition.items()):
             pending.add_metric([topic, str(partition)], float(value))
         yield pending
-        for key, value in sorted(stats.store_retry_stats.items()):
+        totals = dict(stats.store_retry_stats)
+        for key, value in self._other_stores().items():
+            totals[key] = totals.get(key, 0) + value
+        for key, value in sorted(totals.items()):
             doc = STORE_METRICS.get(key, f"Object-store counter {key!r}.")
             family = _family("counter", f"store_{key}", doc)
             family.add_metric([], float(value))

@@ -246,16 +246,25 @@ class ChunkCache:
         indices = chunks_for_range(seg.starts, begin, end)
         parts: list[bytes] = []
         ahead: list[int] = []
+        # the last chunk read stays pinned until the reader's holds are registered, in the
+        # same critical section: unpinned in between, another session's release could evict
+        # the chunk this reader goes on in, and its next read would download it again. The
+        # chunks before it are unpinned at once, so a read needs room for one chunk at a time
+        pinned: list[CacheEntry] = []
         try:
             for index in indices:
                 chunk_begin, chunk_end = seg.bounds(index)
                 lo, hi = max(begin, chunk_begin) - chunk_begin, min(end, chunk_end) - chunk_begin
-                parts.append(self._chunk_slice(seg, index, lo, hi))
+                parts.append(self._chunk_slice(seg, index, lo, hi, pinned))
+                if index != indices[-1]:
+                    self._unpin(pinned.pop())
         finally:
             with self._cond:
                 self._segments.setdefault(seg.key, seg)
                 if reader is not None and indices and len(parts) == len(indices):
                     ahead = self._after_read(seg, indices, end, reader)
+                for entry in pinned:
+                    self._unpin(entry)
                 if indices:
                     self._apply_release(seg.key)
         executor = self._executor
@@ -292,18 +301,25 @@ class ChunkCache:
             chunks = [ids[i] for i in chunks_for_range(seg.starts, begin, end)]
             self._readers.expect(reader, chunks, self._clock())
 
-    def _chunk_slice(self, seg: SegmentInfo, index: int, lo: int, hi: int) -> bytes:
+    def _chunk_slice(self, seg: SegmentInfo, index: int, lo: int, hi: int,
+                     pinned: list[CacheEntry]) -> bytes:
         """Verified bytes [lo, hi) (relative to the chunk) of chunk `index`, from disk or
-        downloaded now."""
+        downloaded now. The chunk's entry stays pinned and goes into `pinned` for the caller
+        to unpin once the reader's holds are in place."""
         chunk = seg.chunk_ids[index]
         for _ in range(_READ_ATTEMPTS):
             entry, mine, download = self._pin(chunk, seg.bounds(index), prefetch=False)
+            keep = False
             try:
                 if mine:
-                    return self._download(seg, index, entry)[lo:hi]
-                if download is not None:
-                    download.result()  # raises the downloader's error, if it failed
-                return self._load(seg, index, entry, lo, hi)
+                    data = self._download(seg, index, entry)[lo:hi]
+                else:
+                    if download is not None:
+                        download.result()  # raises the downloader's error, if it failed
+                    data = self._load(seg, index, entry, lo, hi)
+                keep = True
+                pinned.append(entry)
+                return data
             except disk.BadFile as bad:
                 log.warning("cached chunk %s of %s is bad, fetching again: %s",
                             chunk.start, chunk.segment, bad)
@@ -312,7 +328,8 @@ class ChunkCache:
                     if self._entries.get(chunk) is entry:
                         self._evict(entry, count=False)
             finally:
-                self._unpin(entry)
+                if not keep:
+                    self._unpin(entry)
         raise CorruptSegmentError(
             f"chunk kept failing its checks after {_READ_ATTEMPTS} reads",
             path=seg.key, position=seg.bounds(index)[0],

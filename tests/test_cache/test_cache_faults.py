@@ -310,3 +310,26 @@ def test_trimming_spares_a_chunk_a_reader_is_in_while_others_can_go(
     seg.read(starts[3], starts[3] + 10)
     kept = sorted(int(p.name) for p in (tmp_path / f"{KEY}_chunks").iterdir())
     assert kept == [starts[0], starts[2], starts[3]]  # chunk 0 is oldest, but "a" is in it
+
+
+def test_a_release_between_a_read_and_its_holds_cannot_evict_the_readers_chunk(
+    tmp_path: Path, data: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another session's release can run the moment a read has its bytes and before the
+    reader's hold is registered; the chunk the reader goes on in must survive it, or the
+    reader's next read downloads it again (seen with 4 sessions on one segment)."""
+    fetch = Fetcher({KEY: data})
+    cache = ChunkCache(tmp_path, CacheSettings(size_bytes=64 * CHUNK, chunk_size=CHUNK), fetch,
+                       disk_capacity=1 << 40, strategy="eager")
+    seg = cache.open_segment(KEY, len(data), layout(data, CHUNK), verifier(KEY))
+    after_read = cache._after_read
+
+    def racer_releases_first(*args: Any, **kwargs: Any) -> Any:
+        cache._apply_release(KEY)  # what another session's read of this segment would do
+        return after_read(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "_after_read", racer_releases_first)
+    assert seg.read(0, 100, reader="consumer") == data[:100]
+    downloads = len(fetch.calls)
+    assert seg.read(100, 200, reader="consumer") == data[100:200]
+    assert len(fetch.calls) == downloads  # still cached: no second download

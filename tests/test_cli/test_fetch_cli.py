@@ -139,3 +139,17 @@ def test_a_cache_dir_that_cannot_be_created_is_a_clear_error(tmp_path: Path,
     result = fetch(config_file, "--partition", "0", "--offset", "0")
     assert result.exit_code == 6, result.output
     assert "cache directory" in result.stderr and "Traceback" not in result.output
+
+
+def test_fetch_from_a_bucket_that_does_not_exist_says_so(tmp_path: Path,
+                                                         moto_endpoint: str) -> None:
+    config = tmp_path / "tiered.toml"
+    config.write_text(
+        '[storage]\nurl = "s3://no-such-bucket-here/x"\n'
+        f'endpoint_url = "{moto_endpoint}"\nregion = "us-east-1"\n'
+        'access_key = "testing"\nsecret_key = "testing"\n'
+        f'[log]\ndirs = ["{tmp_path / "logs"}"]\n[cache]\ndir = "{tmp_path / "cache"}"\n'
+        "[cluster]\ncloud_storage_initial_backoff_ms = 1\n")
+    (tmp_path / "logs").mkdir()
+    result = fetch(config, "--partition", "0", "--offset", "0")
+    assert result.exit_code != 0 and "bucket does not exist" in result.stderr, result.stderr

@@ -424,6 +424,15 @@ class Reader:
         self._heads.put(key, (now, m))
         return m
 
+    def _cached_start(self, topic: str, partition: int, local: PartitionLog | None
+                      ) -> int | None:
+        """The bucket's log start for the partition from a head already cached, else None."""
+        if local is None:
+            return None
+        revision = "0" if local.topic_id is None else topic_id_to_str(local.topic_id)
+        hit = self._heads.get((topic, partition, revision))
+        return None if hit is None else hit[1].log_start_offset
+
     def _revision(self, topic: str, local: PartitionLog | None) -> tuple[str, int | None]:
         """(revision, partition count if a topic manifest says) as the archiver names it."""
         if local is not None:
@@ -483,9 +492,15 @@ class Reader:
             pass  # served locally: no store request at all
         elif hi is not None and offset >= hi:
             self._count(out_of_range=1)
+            # the whole readable range: the bucket's start when its head is cached (no
+            # request on this path: a consumer polling at the end must stay cheap)
+            start = self._cached_start(topic, partition, local)
+            first = lo if start is None or lo is None else min(lo, start)
+            older = "" if start is not None or first is None or first == 0 else (
+                "; older offsets may be in the bucket")
             raise OffsetOutOfRange(
                 f"{topic}-{partition}: offset {offset} is at or past the log end {hi} "
-                f"(readable offsets: {self._bounds_text(lo, hi)})")
+                f"(readable offsets: {self._bounds_text(first, hi)}{older})")
         else:
             m = self._remote_for(topic, partition, local, offset, lo)
             start = m.log_start_offset if lo is None else min(lo, m.log_start_offset)

@@ -38,7 +38,7 @@ from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 from tiered.kafka.checkpoints import topic_id_to_str
-from tiered.kafka.local_log import LocalLog
+from tiered.kafka.local_log import LocalLog, TopicPartition
 from tiered.kafka.log_writer import LogWriter
 from tiered.kafka.records import iter_batch_headers
 from tiered.store.base import ObjectStore
@@ -238,6 +238,23 @@ def test_past_the_local_end_is_out_of_range_without_touching_the_bucket(
           pytest.raises(OffsetOutOfRange, match=f"at or past the log end {end}")):
         reader.fetch(TOPIC, 0, end, 100)
     assert counting.calls == {}
+
+
+def test_past_the_end_names_the_whole_readable_range(tmp_path: Path,
+                                                     file_store: ObjectStore) -> None:
+    """Offsets 0.. are in the bucket, the local log starts later: the message past the end
+    names the bucket's start too once its head is known, and says older offsets may be there
+    before (without asking the bucket on this path)."""
+    fx = archived_partition(tmp_path, file_store, batches=120)
+    drop_local_segments(fx.config, below=fx.end // 2)
+    local_start = LocalLog(fx.config.log_dirs).partition(TopicPartition(TOPIC, 0)).segments[0]
+    assert local_start.base_offset > 0
+    with fx.reader() as reader:
+        with pytest.raises(OffsetOutOfRange, match="older offsets may be in the bucket"):
+            reader.fetch(TOPIC, 0, fx.end, 100)
+        reader.fetch(TOPIC, 0, 0, 100)  # reads the head
+        with pytest.raises(OffsetOutOfRange, match=rf"readable offsets: 0\.\.{fx.end - 1}\)"):
+            reader.fetch(TOPIC, 0, fx.end, 100)
 
 
 def test_remote_read_disabled_for_the_topic_is_a_clear_error(tmp_path: Path,

@@ -7,6 +7,7 @@ import random
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import pytest
@@ -342,3 +343,38 @@ def test_build_indexes_refuses_corrupt_input(segment: Segment) -> None:
     data[200] ^= 0xFF
     with pytest.raises(CorruptSegmentError):
         build_indexes(bytes(data), base_offset=BASE, path="x.log")
+
+
+def _batches(first: int, n: int) -> bytes:
+    return b"".join(encode_batch([Record(o, 1_000 + o, b"k", b"v" * 50)], base_offset=o)
+                    for o in range(first, first + n))
+
+
+def test_the_log_end_of_a_growing_segment_walks_only_what_was_appended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader asks for the log end on every fetch: the second time, only the batches
+    appended since are read; a file rewritten in place (a truncation, then new appends) is
+    scanned afresh and never answered from memory."""
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(_batches(0, 50))
+    seg = Segment.from_log_path(path, active=True)
+    assert seg.next_offset() == 50
+    walked: list[int] = []
+    original = LogFile.headers
+
+    def counting(self: LogFile, start: int = 0) -> Any:
+        walked.append(start)
+        return original(self, start)
+
+    monkeypatch.setattr(LogFile, "headers", counting)
+    assert seg.next_offset() == 50 and walked == []  # unchanged: from memory
+    with path.open("ab") as f:
+        f.write(_batches(50, 3))
+    assert seg.next_offset() == 53
+    assert walked and min(walked) > 0  # resumed at the remembered batch, not at byte 0
+    # truncated by a new leader, then appended to: same file, same length as before or more
+    path.write_bytes(_batches(0, 20) + _batches(20, 40))
+    assert seg.next_offset() == 60
+    path.write_bytes(_batches(0, 10))
+    assert seg.next_offset() == 10

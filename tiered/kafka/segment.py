@@ -19,6 +19,8 @@ import logging
 import os
 import re
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,6 +233,27 @@ class LogFile:
         return RecordBatch(header, batch.records)
 
 
+#: (inode, size, mtime ns, last batch) of the `.log` files whose tail this process found,
+#: by path: see `Segment.last_batch`
+_Tail = tuple[int, int, int, "BatchHeader | None"]
+_TAILS: OrderedDict[str, _Tail] = OrderedDict()
+_TAILS_LOCK = threading.Lock()
+_TAILS_MAX = 4096
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _remember_tail(path: str, identity: tuple[int, int, int], header: BatchHeader | None
+                   ) -> None:
+    with _TAILS_LOCK:
+        _TAILS[path] = (*identity, header)
+        _TAILS.move_to_end(path)
+        while len(_TAILS) > _TAILS_MAX:
+            _TAILS.popitem(last=False)
+
+
 @dataclass(frozen=True, order=True)
 class Segment:
     """A segment by its base offset and `.log` path; segments sort by base offset.
@@ -389,15 +412,48 @@ class Segment:
         return self.read_range(header.position, max_bytes, min_one_batch=min_one_batch)
 
     def last_batch(self) -> BatchHeader | None:
-        """The last whole batch, found by scanning from the last index entry only."""
-        index = self.offset_index()
+        """The last whole batch, found by scanning from the last index entry only, or, for a
+        file this process looked at before, from the last batch it found there: an active
+        segment only grows, so a reader asking for the log end on every fetch walks only what
+        was appended since (and a file that changed otherwise is scanned afresh)."""
+        try:
+            st = os.stat(self.log_path)
+        except OSError:
+            st = None
+        known = _TAILS.get(str(self.log_path)) if st is not None else None
+        if known is not None and st is not None and known[:3] == _identity(st):
+            return known[3]
         with self.open_log() as f:
-            last = index.last_entry
-            start = 0 if last is None else index.lookup(last.offset, max_position=f.size).position
             header = None
+            start = self._resume_position(f, known, st)
+            if start is None:
+                index = self.offset_index()
+                last = index.last_entry
+                start = 0 if last is None else index.lookup(
+                    last.offset, max_position=f.size).position
             for header in f.headers(start):  # noqa: B007 - the last one is the answer
                 pass
-            return header
+        if st is not None:
+            _remember_tail(str(self.log_path), _identity(st), header)
+        return header
+
+    @staticmethod
+    def _resume_position(f: LogFile, known: _Tail | None, st: os.stat_result | None
+                         ) -> int | None:
+        """Where to resume the walk: the remembered last batch, if the same file only grew
+        and that batch still reads back the same (base offset and CRC) at its position."""
+        if known is None or st is None:
+            return None
+        ino, size, _, header = known
+        if header is None or st.st_ino != ino or st.st_size < size:
+            return None
+        try:
+            again = next(iter(f.headers(header.position)), None)
+        except CorruptSegmentError:
+            return None
+        if again is None or (again.base_offset, again.crc) != (header.base_offset, header.crc):
+            return None
+        return header.position
 
     def last_offset(self) -> int | None:
         """Offset of the last record, None for an empty segment."""

@@ -5,15 +5,16 @@ archived manifest below it, and lists the partition's data prefix once. From tha
 finds missing objects, objects of the wrong size, gaps and overlaps between consecutive
 segments, and orphans: objects under the partition's prefixes that no manifest names. The
 executors then stream every named segment object (ranged GETs of `objects.CHUNK_BYTES`) and check
-the manifest's CRC-32C of the whole object and every record batch's own CRC-32C (DESIGN
-design invariant 5), so a flipped byte is named with its object key and byte position.
+the manifest's CRC-32C of the whole object and every record batch's own CRC-32C
+(docs/design.md, invariant 5), so a flipped byte is named with its object key and byte position.
 
 Not anomalies, reported separately: objects in the manifest's `replaced` list (a merge or
-retention dropped them; garbage collection deletes them after the grace period, design invariant 7)
-and unreferenced objects younger than the grace period (an upload whose commit may still be
-in flight). `--delete-orphans` deletes orphans older than `cloud_storage_gc_grace_period_ms` by the
-rules garbage collection follows (`manifests.collect`, docs/format.md): decided afresh from
-the bucket, and only objects no writer can reference any more.
+retention dropped them; garbage collection deletes them after the grace period, docs/design.md
+invariant 7) and unreferenced objects younger than the grace period (an upload whose commit may
+still be in flight). `--delete-orphans` deletes orphans older than
+`cloud_storage_gc_grace_period_ms` by the rules garbage collection follows
+(`manifests.collect`, docs/format.md): decided afresh from the bucket, and only objects no
+writer can reference any more.
 
 Streaming and verifying one object is `spark_jobs.objects.walk_object`.
 """

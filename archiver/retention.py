@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from archiver.space import RetentionLimits
-from archiver.uploader import INDEX_KINDS
 from manifests import keys, ops
 from manifests.collect import collect_orphans
 from manifests.commit import ManifestStore
@@ -69,7 +68,7 @@ def retention_start_offset(
 
 def object_names(seg: SegmentMeta) -> list[str]:
     """The segment object's name and those of the indexes that travel beside it."""
-    return [seg.object_name] + [keys.index_name(seg.object_name, kind) for kind in INDEX_KINDS]
+    return keys.with_indexes(seg.object_name)
 
 
 class PartitionId(Protocol):

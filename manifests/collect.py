@@ -130,8 +130,7 @@ def referenced_data_names(mstore: ManifestStore, m: PartitionManifest) -> set[st
     names: set[str] = set()
 
     def add(object_name: str) -> None:
-        names.add(object_name)
-        names.update(keys.index_name(object_name, kind) for kind in keys.INDEX_SUFFIXES)
+        names.update(keys.with_indexes(object_name))
 
     for name in m.segments.object_names():
         add(name)

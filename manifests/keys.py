@@ -180,6 +180,12 @@ def index_name(segment_object_name: str, kind: str = "index") -> str:
     return validate_object_name(stem + suffix)
 
 
+def with_indexes(segment_object_name: str) -> list[str]:
+    """A segment object's name and the names of every index kind that may travel beside it."""
+    return [segment_object_name] + [index_name(segment_object_name, kind)
+                                    for kind in INDEX_SUFFIXES]
+
+
 def segment_name_of(object_name: str) -> str | None:
     """The segment object name an object name belongs to: itself for a `.log`, the segment
     beside which an index travels for an index name, None for anything else."""

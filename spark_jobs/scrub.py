@@ -84,7 +84,7 @@ class CheckTask(NamedTuple):
 
 def segment_object_names(seg: SegmentMeta) -> list[str]:
     """The segment object's name and every index kind that may travel beside it."""
-    return [seg.object_name] + [keys.index_name(seg.object_name, k) for k in keys.INDEX_SUFFIXES]
+    return keys.with_indexes(seg.object_name)
 
 
 def chain_anomalies(where: str, segments: Iterable[SegmentMeta]) -> list[Anomaly]:

@@ -21,11 +21,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -37,6 +35,7 @@ from typing import Any
 import crc32c
 from click.testing import CliRunner
 from faultproxy import DROP, DROP_AFTER, FaultProxy
+from support.processes import child_env, tiered_command
 
 from manifests import ManifestStore
 from tiered.cli.main import cli
@@ -46,7 +45,6 @@ from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_waterm
 from tiered.kafka.records import Header
 from tiered.store import open_store
 
-ROOT = Path(__file__).resolve().parent.parent
 BUSY, QUIET = "busy", "quiet"
 #: small enough that segments roll every few seconds at the stand-in's rate (~70 records/s)
 SEGMENT_BYTES = 16 * 1024
@@ -197,14 +195,6 @@ cloud_storage_segment_max_upload_interval_sec = 2
     return path
 
 
-def _tiered(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from tiered.cli.main import main; main()", *args]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-
-
 class Daemon:
     """One `tiered run` process, restartable; its stderr goes to numbered files."""
 
@@ -220,8 +210,8 @@ class Daemon:
         self.logs.append(log)
         with log.open("w") as err:
             self.proc = subprocess.Popen(
-                _tiered("run", "--config", str(self.config), "--metrics-port", "0"),
-                stdout=subprocess.DEVNULL, stderr=err, env=_env())
+                tiered_command("run", "--config", str(self.config), "--metrics-port", "0"),
+                stdout=subprocess.DEVNULL, stderr=err, env=child_env())
 
     def kill(self) -> bool:
         """SIGKILL; False when it had exited by itself (an unexpected exit)."""
@@ -243,8 +233,8 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
 def _archive_once(config: Path) -> tuple[int, str, str]:
     """One `tiered archive --once` in its own process (as an operator runs it)."""
-    run = subprocess.run(_tiered("-q", "archive", "--once", "--config", str(config), "--json"),
-                         capture_output=True, text=True, env=_env(), timeout=1800)
+    argv = tiered_command("-q", "archive", "--once", "--config", str(config), "--json")
+    run = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=1800)
     return run.returncode, run.stdout, run.stderr
 
 

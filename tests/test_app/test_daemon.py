@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ from typing import Any, cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.processes import tiered_command
 from support.waiting import wait_until
 
 from archiver.controller import ControllerOutput
@@ -474,7 +474,11 @@ def test_metrics_endpoint_serves_archiver_and_job_metrics(
     assert samples[("tiered_store_up", ())] == 1
 
 
-def test_waits_for_an_unreachable_store_at_start_with_health_503(tmp_path: Path) -> None:
+def _start_against_a_failing_store(
+    tmp_path: Path, failures: int, error: StoreError
+) -> tuple[Daemon, threading.Thread, SteppedTime, FakeArchiver, list[float]]:
+    """A daemon whose store raises `error` on its first `failures` openings, then works;
+    started on its own thread (stop it with `t.stop()` and a join)."""
     t = SteppedTime()
     archiver = FakeArchiver(t)
     attempts: list[float] = []
@@ -482,12 +486,17 @@ def test_waits_for_an_unreachable_store_at_start_with_health_503(tmp_path: Path)
 
     def open_store(config: Config) -> FakeStore:
         attempts.append(t.now)
-        if len(attempts) < 3:
-            raise StoreError("could not connect to http://127.0.0.1:1")
+        if len(attempts) <= failures:
+            raise error
         return store
 
     daemon = _daemon(tmp_path, t, archiver, open_store=open_store)
-    thread = threading.Thread(target=daemon.run)
+    return daemon, threading.Thread(target=daemon.run), t, archiver, attempts
+
+
+def test_waits_for_an_unreachable_store_at_start_with_health_503(tmp_path: Path) -> None:
+    daemon, thread, t, archiver, attempts = _start_against_a_failing_store(
+        tmp_path, 2, StoreError("could not connect to http://127.0.0.1:1"))
     thread.start()
     try:
         t.await_idle()
@@ -508,19 +517,8 @@ def test_waits_for_an_unreachable_store_at_start_with_health_503(tmp_path: Path)
 def test_a_missing_bucket_is_said_once_and_waited_for(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    t = SteppedTime()
-    archiver = FakeArchiver(t)
-    attempts: list[float] = []
-    store = FakeStore()
-
-    def open_store(config: Config) -> FakeStore:
-        attempts.append(t.now)
-        if len(attempts) < 4:
-            raise BucketNotFound("put s3://b/k: the bucket does not exist (NoSuchBucket)")
-        return store
-
-    daemon = _daemon(tmp_path, t, archiver, open_store=open_store)
-    thread = threading.Thread(target=daemon.run)
+    daemon, thread, t, _, _ = _start_against_a_failing_store(
+        tmp_path, 3, BucketNotFound("put s3://b/k: the bucket does not exist (NoSuchBucket)"))
     with caplog.at_level(logging.DEBUG, logger="tiered.app.daemon"):
         thread.start()
         try:
@@ -561,10 +559,6 @@ def test_health_of_before_the_first_round_is_starting() -> None:
 # --- a real process -----------------------------------------------------------------------
 
 
-def _tiered(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from tiered.cli.main import main; main()", *args]
-
-
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> None:
@@ -582,7 +576,8 @@ def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> 
                       f'[log]\ndirs = ["{log_dir}"]\n')
     stderr = tmp_path / "stderr.txt"
     with stderr.open("w") as err:
-        proc = subprocess.Popen(_tiered("run", "--config", str(config), "--metrics-port", "0"),
+        argv = tiered_command("run", "--config", str(config), "--metrics-port", "0")
+        proc = subprocess.Popen(argv,
                                 stdout=subprocess.DEVNULL, stderr=err,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1",
                                      # no [cache] dir: the default one, kept in the test's dir

@@ -18,7 +18,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import crc32c
 from click.testing import CliRunner
+from support.processes import child_env, tiered_command
 
 from archiver.service import revision_of
 from manifests import ManifestSettings, ManifestStore, keys
@@ -39,7 +39,6 @@ from tiered.kafka.segment import parse_segment_file_name
 from tiered.store import PROBE_PREFIX, ObjectStore, open_store
 from tiered.store.probe import probe_key
 
-ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "orders"
 PARTITIONS = 3
 SEGMENT_BYTES = 2048
@@ -137,14 +136,6 @@ def _orphans(store: ObjectStore, mstore: ManifestStore, log_dir: Path) -> list[s
     return orphans
 
 
-def _tiered(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from tiered.cli.main import main; main()", *args]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-
-
 def test_kill_9_during_uploads_loses_nothing(moto_endpoint: str, s3_bucket: str,
                                             tmp_path: Path) -> None:
     seed = int(os.environ.get("TIERED_CRASH_SEED", random.randrange(2**32)))
@@ -191,8 +182,8 @@ cloud_storage_initial_backoff_ms = 5
             stderr = tmp_path / f"run-{round_}.log"
             with stderr.open("w") as err:
                 proc = subprocess.Popen(
-                    _tiered("run", "--config", str(config_path), "--metrics-port", "0"),
-                    stdout=subprocess.DEVNULL, stderr=err, env=_env())
+                    tiered_command("run", "--config", str(config_path), "--metrics-port", "0"),
+                    stdout=subprocess.DEVNULL, stderr=err, env=child_env())
             try:
                 if round_ % 4 != 3:  # mostly: once uploads are going, at a random moment
                     deadline = time.monotonic() + 20

@@ -261,10 +261,12 @@ class ChunkCache:
         finally:
             with self._cond:
                 self._segments.setdefault(seg.key, seg)
-                if reader is not None and indices and len(parts) == len(indices):
-                    ahead = self._after_read(seg, indices, end, reader)
-                for entry in pinned:
-                    self._unpin(entry)
+                try:
+                    if reader is not None and indices and len(parts) == len(indices):
+                        ahead = self._after_read(seg, indices, end, reader)
+                finally:  # a pin left behind would keep the chunk from ever being evicted
+                    for entry in pinned:
+                        self._unpin(entry)
                 if indices:
                     self._apply_release(seg.key)
         executor = self._executor

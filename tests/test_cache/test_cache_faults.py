@@ -333,3 +333,20 @@ def test_a_release_between_a_read_and_its_holds_cannot_evict_the_readers_chunk(
     downloads = len(fetch.calls)
     assert seg.read(100, 200, reader="consumer") == data[100:200]
     assert len(fetch.calls) == downloads  # still cached: no second download
+
+
+def test_a_failure_while_registering_holds_leaves_no_pin(
+    tmp_path: Path, data: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunk kept pinned across the hold registration is unpinned even when that fails:
+    a leaked pin would keep it from ever being evicted."""
+    cache = open_cache(tmp_path, Fetcher({KEY: data}))
+    seg = cache.open_segment(KEY, len(data), layout(data, CHUNK), verifier(KEY))
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("reader bookkeeping failed")
+
+    monkeypatch.setattr(cache, "_after_read", broken)
+    with pytest.raises(RuntimeError):
+        seg.read(0, 100, reader="consumer")
+    assert cache._entries and all(e.pins == 0 for e in cache._entries.values())

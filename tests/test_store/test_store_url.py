@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,14 @@ import pytest
 from tiered.errors import ConfigError
 from tiered.store import (
     STORES,
+    AccessDenied,
     FileStore,
+    ObjectInfo,
     ObjectStore,
     S3Store,
+    StoreError,
     StoreSettings,
+    check_reachable,
     open_store,
     parse_store_url,
 )
@@ -133,3 +138,21 @@ def test_a_file_store_never_imports_boto3(tmp_path: Path) -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]"
+
+
+def test_check_reachable_takes_a_refused_listing_as_an_answer(tmp_path: Path) -> None:
+    """Read-only credentials may lack s3:ListBucket: the store still answered. Anything
+    else (no bucket, nothing listening) is the one diagnosis the caller reports."""
+
+    class NoList(FileStore):
+        def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+            raise AccessDenied("list: access denied")
+
+    class Down(FileStore):
+        def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+            raise StoreError("list: could not connect")
+
+    settings = StoreSettings(url=(tmp_path / "b").as_uri())
+    check_reachable(NoList(settings))
+    with pytest.raises(StoreError, match="could not connect"):
+        check_reachable(Down(settings))

@@ -420,7 +420,8 @@ class Segment:
             st = os.stat(self.log_path)
         except OSError:
             st = None
-        known = _TAILS.get(str(self.log_path)) if st is not None else None
+        with _TAILS_LOCK:
+            known = _TAILS.get(str(self.log_path)) if st is not None else None
         if known is not None and st is not None and known[:3] == _identity(st):
             return known[3]
         with self.open_log() as f:

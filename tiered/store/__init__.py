@@ -8,6 +8,7 @@ on first use, so a `file://` user never loads boto3.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -114,8 +115,10 @@ def __getattr__(name: str) -> Any:
 def check_reachable(store: ObjectStore) -> None:
     """One small request that tells a store-wide problem (no such bucket, refused credentials,
     nothing listening) apart from a per-partition one, so it is reported once, up front,
-    instead of once per partition. Raises the `StoreError` that says which."""
-    next(iter(store.list(PROBE_PREFIX)), None)
+    instead of once per partition. Raises the `StoreError` that says which. A refusal to
+    list is an answer (read-only credentials may lack it; the reads say what they lack)."""
+    with contextlib.suppress(AccessDenied):
+        next(iter(store.list(PROBE_PREFIX)), None)
 
 
 def open_store(settings: StoreSettings, *, probe: bool | Literal["beside"] = True) -> ObjectStore:

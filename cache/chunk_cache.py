@@ -9,9 +9,20 @@ reserves the chunk's bytes and one object, trimming unheld chunks in the evictio
 order; when everything is held it may go over its limits by one chunk at most, and past that a
 read waits for room (then fails with CacheFullError).
 
-Threads: reads may come from any thread. Prefetches run on `prefetch_executor` (a private
-two-thread pool when none is given and `cloud_storage_chunk_prefetch` > 0). `start()` runs the
-periodic check (`cloud_storage_cache_check_interval_ms`) on a daemon thread that `close()` stops.
+Read-ahead (`cloud_storage_chunk_prefetch` > 0): given a `stream` function, a consumer session
+that misses a chunk, or reads sequentially towards chunks not cached, gets one streamed request
+from that chunk to the segment's end; its thread stores chunk after chunk as the bytes arrive,
+never more than `chunk_prefetch` chunks ahead of where the reader is (it stops reading the
+socket and waits), so a consumer that keeps up waits on no request after its first, and a
+segment read start to end costs one GET instead of one per chunk. The stream ends when the
+reader goes away, moves elsewhere, idles, or the next chunk is already cached; a broken stream
+falls back to one ranged GET per chunk.
+
+Threads: reads may come from any thread. Without a `stream` function prefetches run on
+`prefetch_executor` (a private two-thread pool when none is given and
+`cloud_storage_chunk_prefetch` > 0); read-ahead streams run on their own daemon threads.
+`start()` runs the periodic check (`cloud_storage_cache_check_interval_ms`) on a daemon thread
+that `close()` stops.
 """
 
 from __future__ import annotations
@@ -23,13 +34,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from cache import disk
 from cache.accounting import CacheSettings, plan_trim
 from cache.chunks import chunks_for_range
-from cache.download import Fetcher, Verifier, fetch_verified
+from cache.download import Fetcher, Streamer, Verifier, fetch_verified, read_exact
 from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheError, CacheFullError
 from cache.eviction import ChunkId, ChunkView, SegmentSnapshot, make_strategy
@@ -42,6 +54,19 @@ log = logging.getLogger(__name__)
 
 #: a stored chunk that reads back wrong is discarded and fetched again this many times per read
 _READ_ATTEMPTS = 3
+#: a read-ahead stream waits this long for its reader to come near its next chunk, then lets
+#: the connection go (a consumer back from a longer pause starts a new stream)
+_STREAM_IDLE_S = 20.0
+#: read-ahead streams open at once; past this, read-ahead falls back to one GET per chunk
+_MAX_STREAMS = 32
+
+
+@dataclass
+class _Stream:
+    """A running read-ahead stream: the chunk it is at, and whether its reader closed."""
+
+    next_index: int
+    cancelled: bool = False
 
 
 class SegmentHandle:
@@ -92,12 +117,14 @@ class ChunkCache:
         download_attempts: int = 3,
         reserve_timeout_s: float = 30.0,
         reader_idle_s: float = 300.0,
+        stream: Streamer | None = None,
     ) -> None:
         """`strategy` overrides `settings.eviction_strategy`; `disk_capacity` (bytes) overrides
         the cache disk's size for `cloud_storage_cache_size_percent`; `write` is the `os.write`
         used for chunk files (tests inject a full disk); a bad download is retried up to
         `download_attempts` times in all; a read waits at most `reserve_timeout_s` for room;
-        readers idle for `reader_idle_s` lose their holds at the next check."""
+        readers idle for `reader_idle_s` lose their holds at the next check; `stream` opens
+        one streamed request over a byte range, for read-ahead (see the module docstring)."""
         if download_attempts < 1:
             raise ValueError(f"download_attempts must be at least 1, got {download_attempts}")
         self.root = Path(directory)
@@ -124,6 +151,10 @@ class ChunkCache:
         if prefetch_executor is None and settings.chunk_prefetch > 0:
             self._own_executor = ThreadPoolExecutor(2, thread_name_prefix="cache-prefetch")
         self._executor: Executor | None = prefetch_executor or self._own_executor
+        self._streamer = stream if settings.chunk_prefetch > 0 else None
+        #: (reader, segment key) -> the read-ahead stream serving it
+        self._streams: dict[tuple[ReaderId, str], _Stream] = {}
+        self._stream_threads: set[threading.Thread] = set()
         self._cond = threading.Condition(threading.RLock())
         self._entries: dict[ChunkId, CacheEntry] = {}
         self._by_segment: dict[str, set[ChunkId]] = {}
@@ -173,7 +204,11 @@ class ChunkCache:
     def close_reader(self, reader: ReaderId) -> None:
         """Forget a reader (its consumer went away): its holds end at once."""
         with self._cond:
+            for (owner, _segment), stream in self._streams.items():
+                if owner == reader:
+                    stream.cancelled = True
             self._release_holds(self._readers.close(reader))
+            self._cond.notify_all()
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges for metrics: hits, misses (downloads a read started), joined
@@ -215,8 +250,14 @@ class ChunkCache:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the check thread and the private prefetch pool, and save the index."""
-        self._stop.set()
+        """Stop the check thread, read-ahead streams and the private prefetch pool, and save
+        the index."""
+        with self._cond:
+            self._stop.set()
+            self._cond.notify_all()
+            streams = list(self._stream_threads)
+        for thread in streams:
+            thread.join(timeout=10)
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -255,7 +296,7 @@ class ChunkCache:
             for index in indices:
                 chunk_begin, chunk_end = seg.bounds(index)
                 lo, hi = max(begin, chunk_begin) - chunk_begin, min(end, chunk_end) - chunk_begin
-                parts.append(self._chunk_slice(seg, index, lo, hi, pinned))
+                parts.append(self._chunk_slice(seg, index, lo, hi, pinned, reader))
                 if index != indices[-1]:
                     self._unpin(pinned.pop())
         finally:
@@ -290,7 +331,13 @@ class ChunkCache:
             prefetch=self.settings.chunk_prefetch, now=self._clock(),
         )
         self._release_holds(outcome.released)
-        return [seg.starts.index(c.start) for c in outcome.prefetch if c not in self._entries]
+        ahead = [seg.starts.index(c.start) for c in outcome.prefetch if c not in self._entries]
+        if (reader, seg.key) in self._streams:
+            self._cond.notify_all()  # the stream waits for its reader to move on
+            return []
+        if ahead and self._start_stream(seg, ahead[0], reader, None):
+            return []
+        return ahead
 
     def _expect(self, seg: SegmentInfo, reader: ReaderId, begin: int, end: int) -> None:
         if not 0 <= begin <= end <= seg.size:
@@ -304,16 +351,22 @@ class ChunkCache:
             self._readers.expect(reader, chunks, self._clock())
 
     def _chunk_slice(self, seg: SegmentInfo, index: int, lo: int, hi: int,
-                     pinned: list[CacheEntry]) -> bytes:
+                     pinned: list[CacheEntry], reader: ReaderId | None) -> bytes:
         """Verified bytes [lo, hi) (relative to the chunk) of chunk `index`, from disk or
         downloaded now. The chunk's entry stays pinned and goes into `pinned` for the caller
         to unpin once the reader's holds are in place."""
         chunk = seg.chunk_ids[index]
+        if reader is not None and self._streams:
+            self._await_stream(seg, index, reader)
         for _ in range(_READ_ATTEMPTS):
             entry, mine, download = self._pin(chunk, seg.bounds(index), prefetch=False)
             keep = False
             try:
-                if mine:
+                if mine and reader is not None and self._start_stream(seg, index, reader, entry):
+                    assert download is not None  # noqa: S101 - a new entry downloads
+                    download.result()  # the stream's first chunk: this one
+                    data = self._load(seg, index, entry, lo, hi)
+                elif mine:
                     data = self._download(seg, index, entry)[lo:hi]
                 else:
                     if download is not None:
@@ -356,6 +409,122 @@ class ChunkCache:
             with self._cond:
                 self._apply_release(seg.key)
 
+    # ------------------------------------------------------------------ read-ahead
+    def _start_stream(self, seg: SegmentInfo, index: int, reader: ReaderId,
+                      first: CacheEntry | None) -> bool:
+        """Start a read-ahead stream of `seg` from chunk `index` for `reader` (`first`: that
+        chunk's entry, already pinned and reserved by the caller); False when there is no
+        streamer, the cache is closing, the reader has one on this segment or too many run."""
+        if self._streamer is None or seg.whole:
+            return False
+        with self._cond:
+            key = (reader, seg.key)
+            if self._stop.is_set() or key in self._streams or len(self._streams) >= _MAX_STREAMS:
+                return False
+            stream = _Stream(index)
+            self._streams[key] = stream
+            thread = threading.Thread(
+                target=self._stream_chunks, args=(seg, index, reader, first, stream),
+                name="cache-readahead", daemon=True)
+            self._stream_threads.add(thread)
+        thread.start()
+        return True
+
+    def _stream_chunks(self, seg: SegmentInfo, first_index: int, reader: ReaderId,
+                       first: CacheEntry | None, stream: _Stream) -> None:
+        """The read-ahead thread: one request from chunk `first_index` to the segment's end,
+        each chunk verified and stored as its bytes arrive (see the module docstring)."""
+        assert self._streamer is not None  # noqa: S101 - _start_stream checks
+        body = None
+        try:
+            try:
+                body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size)
+            except Exception as err:  # the chunk-by-chunk path reports store errors
+                log.debug("read-ahead of %s could not start: %s", seg.key, err)
+            for index in range(first_index, len(seg.starts)):
+                entry = first if index == first_index and first is not None else (
+                    self._next_streamed(seg, index, reader, stream))
+                if entry is None:
+                    return
+                begin, end = seg.bounds(index)
+                streamed: bytes | None = None
+                if body is not None:
+                    try:
+                        streamed = read_exact(body, end - begin)
+                    except Exception as err:
+                        log.warning("read-ahead of %s broke at byte %d (%s); reading chunk by "
+                                    "chunk", seg.key, begin, err)
+                        body.close()
+                        body = None
+                try:
+                    self._download(seg, index, entry, streamed)
+                except TieredError as err:  # the entry's readers got the error
+                    log.warning("read-ahead of chunk %s of %s failed: %s", begin, seg.key, err)
+                    return
+                finally:
+                    if entry is not first:
+                        self._unpin(entry)
+                        with self._cond:
+                            self._apply_release(seg.key)
+                if body is None:
+                    return
+        except Exception:  # never let a read-ahead thread die with a traceback
+            log.exception("read-ahead of %s failed", seg.key)
+        finally:
+            if body is not None:
+                body.close()
+            with self._cond:
+                if self._streams.get((reader, seg.key)) is stream:
+                    del self._streams[(reader, seg.key)]
+                self._cond.notify_all()
+                self._stream_threads.discard(threading.current_thread())
+
+    def _await_stream(self, seg: SegmentInfo, index: int, reader: ReaderId) -> None:
+        """A reader about to miss chunk `index` that its own stream is on the way to waits for
+        the stream instead of sending a ranged GET for bytes already coming."""
+        deadline = time.monotonic() + _STREAM_IDLE_S
+        chunk = seg.chunk_ids[index]
+        with self._cond:
+            while chunk not in self._entries and time.monotonic() < deadline:
+                stream = self._streams.get((reader, seg.key))
+                at = self._readers.position(reader)
+                if (stream is None or stream.cancelled or not stream.next_index <= index
+                        or at is None or not at[2]
+                        or index > at[1] + self.settings.chunk_prefetch):
+                    return
+                self._cond.wait(deadline - time.monotonic())
+
+    def _next_streamed(self, seg: SegmentInfo, index: int, reader: ReaderId,
+                       stream: _Stream) -> CacheEntry | None:
+        """Wait until `reader` reads sequentially within `chunk_prefetch` chunks of chunk
+        `index`, then pin and reserve it for the stream; None when the stream should end."""
+        chunk = seg.chunk_ids[index]
+        deadline = time.monotonic() + _STREAM_IDLE_S
+        with self._cond:
+            while True:
+                stream.next_index = index
+                if self._stop.is_set() or stream.cancelled:
+                    return None
+                at = self._readers.position(reader)
+                if at is not None and at[0] != seg.key:
+                    return None  # the reader moved to another segment
+                if at is not None and at[2] and index <= at[1] + self.settings.chunk_prefetch:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            if chunk in self._entries:
+                return None  # cached by another reader: a later stream starts past it
+            try:
+                entry, mine, _ = self._pin(chunk, seg.bounds(index), prefetch=True)
+            except CacheFullError:
+                return None
+        if not mine:
+            self._unpin(entry)
+            return None
+        return entry
+
     def _load(self, seg: SegmentInfo, index: int, entry: CacheEntry, lo: int, hi: int) -> bytes:
         """Bytes [lo, hi) of a stored chunk, checked against its block checksums; a file found
         after a restart without remembered checksums is verified whole first."""
@@ -380,13 +549,23 @@ class ChunkCache:
             return data[lo:hi]
         return disk.read_checked(path, end - begin, crcs, lo, hi)
 
-    def _download(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> bytes:
+    def _download(self, seg: SegmentInfo, index: int, entry: CacheEntry,
+                  streamed: bytes | None = None) -> bytes:
         """Fetch, verify and store chunk `index` for `entry` (pinned, reserved, registered as
-        downloading); on failure the reservation is dropped and waiting readers get the error."""
+        downloading); on failure the reservation is dropped and waiting readers get the error.
+        `streamed`: the chunk's bytes from a read-ahead stream, checked like a download (and
+        fetched again by a ranged GET if they fail)."""
         begin, end = seg.bounds(index)
+        fetch = self._fetch
+        if streamed is not None:
+            given = [streamed]
+
+            def fetch(key: str, b: int, e: int) -> bytes:
+                return given.pop() if given else self._fetch(key, b, e)
+
         try:
             data = fetch_verified(
-                self._fetch, seg.key, begin, end, seg.verify,
+                fetch, seg.key, begin, end, seg.verify,
                 attempts=self._download_attempts, on_bytes=self._count_bytes,
             )
             try:

@@ -6,16 +6,27 @@ ChunkDownloadError with the cause chained."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from cache.errors import ChunkDownloadError
 from tiered.errors import CorruptSegmentError, TieredError
 
-__all__ = ["Fetcher", "Verifier", "fetch_verified"]
+__all__ = ["ByteStream", "Fetcher", "Streamer", "Verifier", "fetch_verified", "read_exact"]
 
 #: fetch(object key, begin_inclusive, end_exclusive) -> exactly those bytes
 Fetcher = Callable[[str, int, int], bytes]
+class ByteStream(Protocol):
+    """Bytes as they arrive: `read(n)` gives up to `n` (b"" at the end); `close()` ends it."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+#: stream(object key, begin_inclusive, end_exclusive) -> those bytes as one streamed request
+Streamer = Callable[[str, int, int], ByteStream]
 #: verify(chunk bytes, position of its first byte in the segment); raises CorruptSegmentError
 Verifier = Callable[[bytes, int], None]
 
@@ -76,3 +87,16 @@ def fetch_verified(
             path=key, position=begin,
         ) from bad
     return result
+
+
+def read_exact(stream: ByteStream, n: int) -> bytes:
+    """The next `n` bytes of `stream`; EOFError when it ends first."""
+    pieces: list[bytes] = []
+    left = n
+    while left > 0:
+        piece = stream.read(left)
+        if not piece:
+            raise EOFError(f"the stream ended {left} bytes short of {n}")
+        pieces.append(piece)
+        left -= len(piece)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)

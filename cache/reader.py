@@ -586,4 +586,5 @@ def _make_cache(config: Config, store: ObjectStore) -> ChunkCache:
     def fetch(key: str, begin: int, end: int) -> bytes:
         return store.get(key, byte_range=(begin, end))
 
-    return ChunkCache(config.cache_dir, settings, fetch, strategy=settings.eviction_strategy)
+    return ChunkCache(config.cache_dir, settings, fetch, strategy=settings.eviction_strategy,
+                      stream=store.open_range)

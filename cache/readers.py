@@ -106,6 +106,11 @@ class ReaderTable:
         self._readers[reader] = state
         return ReadOutcome(sequential, ahead, released)
 
+    def position(self, reader: ReaderId) -> tuple[str, int, bool] | None:
+        """(segment, last chunk read, sequential) of `reader`; None when it is not known."""
+        state = self._readers.get(reader)
+        return None if state is None else (state.segment, state.last_chunk, state.sequential)
+
     def expect(self, reader: ReaderId, chunks: Sequence[ChunkId], now: float) -> None:
         """Register that `reader` will read `chunks`, in this order (replaces earlier ones)."""
         state = self._readers.get(reader)

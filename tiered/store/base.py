@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import abc
 import builtins
+import io
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import Protocol, Self
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,15 @@ class StoreSettings:
 UNCONDITIONAL = "none"
 
 
+class RangeStream(Protocol):
+    """What `ObjectStore.open_range` returns: `read(n)` gives up to `n` bytes (b"" at the
+    end), `close()` lets the connection go."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class ObjectStore(abc.ABC):
     """A bucket (or directory) of immutable-ish objects addressed by key."""
 
@@ -135,6 +145,14 @@ class ObjectStore(abc.ABC):
         ETag of the version read (`Blob.etag`, the whole object's even for a range).
 
         Raises `ObjectNotFound`. A range past the end returns what exists (possibly b"")."""
+
+    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
+        """Bytes `[begin, end)` of `key` as a stream read as it arrives: one request for a long
+        sequential read (the read cache's read-ahead fills chunk after chunk from it) where
+        `get` would need one per chunk. The caller closes it. The default reads the range at
+        once; backends that can stream override it. Raises `ObjectNotFound`; errors while
+        reading the stream are the transport's own (the caller falls back to `get`)."""
+        return io.BytesIO(self.get(key, (begin, end)))
 
     @abc.abstractmethod
     def head(self, key: str) -> ObjectInfo:

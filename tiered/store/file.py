@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from tiered.errors import ConfigError
-from tiered.store.base import Blob, ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.base import Blob, ObjectInfo, ObjectStore, RangeStream, StoreSettings
 from tiered.store.errors import AccessDenied, ObjectNotFound, PreconditionFailed, StoreError
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,25 @@ def _unlink_quiet(path: str) -> None:
 class _NotReady(Exception):
     """Carries the error of a `put_file` `ready` callback past the OSError -> StoreError
     mapping of `_write`: a failed verification is the caller's, not the store's."""
+
+
+class _FileRange:
+    """Bytes [begin, end) of an open file, read on demand (one version: writers replace
+    objects by rename, so the open file never changes under the reader)."""
+
+    def __init__(self, f: IO[bytes], begin: int, end: int) -> None:
+        self._f = f
+        self._pos = begin
+        self._end = end
+
+    def read(self, n: int = -1, /) -> bytes:
+        left = self._end - self._pos
+        data = os.pread(self._f.fileno(), left if n < 0 else min(n, left), self._pos)
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
 
 
 class FileStore(ObjectStore):
@@ -388,6 +407,16 @@ class FileStore(ObjectStore):
                 return Blob(part, self._etag_of_open(f, st, key))
         except OSError as exc:
             raise self._os_error("get", key, exc, reading=True) from exc
+
+    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
+        dest = self._check(key)
+        if begin < 0 or end <= begin:
+            raise ValueError(f"open_range {self._where(key)}: bad byte range [{begin}, {end})")
+        try:
+            f = open(dest, "rb")  # noqa: SIM115 - the caller closes the stream
+        except OSError as exc:
+            raise self._os_error("get", key, exc, reading=True) from exc
+        return _FileRange(f, begin, end)
 
     def _etag_of_open(self, f: IO[bytes], st: os.stat_result, key: str) -> str:
         """The ETag of the version `f` has open: the sidecar's when it pins this very file,

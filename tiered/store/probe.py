@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
-from tiered.store.base import UNCONDITIONAL, Blob, ObjectInfo, ObjectStore
+from tiered.store.base import UNCONDITIONAL, Blob, ObjectInfo, ObjectStore, RangeStream
 from tiered.store.errors import (
     ConditionalWritesUnsupported,
     ObjectNotFound,
@@ -265,6 +265,9 @@ class ProbingStore(ObjectStore):
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         return self.inner.get(key, byte_range)
+
+    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
+        return self.inner.open_range(key, begin, end)
 
     def head(self, key: str) -> ObjectInfo:
         return self.inner.head(key)

@@ -23,7 +23,14 @@ import botocore.exceptions
 import crc32c
 
 from tiered.errors import ConfigError
-from tiered.store.base import UNCONDITIONAL, Blob, ObjectInfo, ObjectStore, StoreSettings
+from tiered.store.base import (
+    UNCONDITIONAL,
+    Blob,
+    ObjectInfo,
+    ObjectStore,
+    RangeStream,
+    StoreSettings,
+)
 from tiered.store.errors import (
     AccessDenied,
     BucketNotFound,
@@ -383,6 +390,19 @@ class S3Store(ObjectStore):
                 return Blob(body.read(), _strip_etag(resp.get("ETag")))
             finally:
                 body.close()
+
+        return self._call("get", key, fetch)
+
+    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
+        if begin < 0 or end <= begin:
+            raise ValueError(f"open_range {self._where(key)}: bad byte range [{begin}, {end})")
+        kwargs = {"Bucket": self.bucket, "Key": self._full(key),
+                  "Range": f"bytes={begin}-{end - 1}"}
+
+        def fetch() -> RangeStream:
+            # the body is read by the caller as it arrives; StreamingBody checks the length
+            body: RangeStream = self._client.get_object(**kwargs)["Body"]
+            return body
 
         return self._call("get", key, fetch)
 

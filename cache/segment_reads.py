@@ -4,8 +4,9 @@ the bucket (through the chunked cache), with one span rule for both.
 `RemoteSegments` keeps, per segment object, its offset index (the `.index` object beside it,
 downloaded once), the chunk plan made from the index positions and the cache handle, in a small
 LRU. A read positions itself with the index (a lower bound), walks batch headers from there in
-windows of `WALK_WINDOW_BYTES` (headers only), picks whole batches with `take_batches`, reads
-them through the cache and checks them with `check_batches` before returning them.
+windows ending on the cache's checksum blocks (headers only), picks whole batches with
+`take_batches`, reads them through the cache and checks them with `check_batches` before
+returning them.
 
 Chunk boundaries (`cache.chunks.plan_chunks` over the index positions): with Kafka's default
 `log.index.interval.bytes` (4 KiB) the index is dense enough for any chunk size. When it is
@@ -33,6 +34,7 @@ import crc32c
 
 from cache.chunk_cache import ChunkCache, ReaderId, SegmentHandle
 from cache.chunks import plan_chunks
+from cache.disk import BLOCK
 from manifests import keys
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
@@ -69,8 +71,6 @@ log = logging.getLogger(__name__)
 INDEX_LRU_ENTRIES = 128
 #: consumer sessions whose position in a remote segment is remembered
 RESUME_ENTRIES = 4096
-#: bytes read per step while walking batch headers of a remote segment
-WALK_WINDOW_BYTES = 256 * 1024
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -186,7 +186,7 @@ class Window:
         self._buf_start = pos
 
     def _window_end(self, at: int) -> int:
-        """Reads stop inside the chunk holding `at` (and after WALK_WINDOW_BYTES), so a read
+        """Reads stop inside the chunk holding `at` (at the end of a checksum block), so a read
         never downloads a chunk beyond the one it is in. They stop one byte short of the
         chunk's end: a read ending exactly there tells the cache this reader is done with the
         chunk, which eager eviction then drops, although the next fetch usually starts in it
@@ -195,7 +195,11 @@ class Window:
         chunk_end = self._starts[i] if i < len(self._starts) else self.size
         if chunk_end - at > 1:
             chunk_end -= 1
-        return min(self.size, chunk_end, at + WALK_WINDOW_BYTES)
+        # end on a checksum block of the chunk file: the cache reads and checks whole blocks,
+        # so a window ending inside one would have the next window read and check it again
+        chunk_start = self._starts[i - 1] if i > 0 else 0
+        block_end = chunk_start + ((at - chunk_start) // BLOCK + 1) * BLOCK
+        return min(self.size, chunk_end, block_end)
 
     def ensure(self, end: int) -> None:
         """Make bytes up to `end` (exclusive, <= size) available."""

@@ -8,10 +8,11 @@ functions that read an immutable, already-published snapshot, and the thread-saf
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -39,6 +40,11 @@ _TEXT = "text/plain; charset=utf-8"
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    #: keep-alive: a consumer polling for records reuses its connection instead of paying a
+    #: TCP handshake per fetch (every answer carries a Content-Length)
+    protocol_version = "HTTP/1.1"
+    #: small answers go out at once instead of waiting on the client's delayed ACK
+    disable_nagle_algorithm = True
     #: seconds a socket read or write may stall before the request is dropped, so a client
     #: that stops reading cannot hold a request thread (and the daemon's shutdown) for ever
     timeout = 60.0
@@ -60,6 +66,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
+        with self.server.request():
+            self._dispatch_one(method)
+        if self.server.stopping:
+            self.close_connection = True  # no keep-alive past a shutdown
+
+    def _dispatch_one(self, method: str) -> None:
         path, _, query = self.path.partition("?")
         try:
             status, headers, body = self._answer(method, path, query)
@@ -114,14 +126,17 @@ class _Server(ThreadingHTTPServer):
         self.health = health
         self.routes = routes
         self._inflight = 0
+        self.stopping = False
         self._idle = threading.Condition()
         super().__init__(address, _Handler)
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Counts a request in flight (an idle keep-alive connection is not one)."""
         with self._idle:
             self._inflight += 1
         try:
-            super().process_request_thread(request, client_address)
+            yield
         finally:
             with self._idle:
                 self._inflight -= 1
@@ -129,6 +144,7 @@ class _Server(ThreadingHTTPServer):
 
     def drain(self, timeout_s: float) -> int:
         """Wait up to `timeout_s` for requests in flight to finish; returns how many remain."""
+        self.stopping = True
         with self._idle:
             self._idle.wait_for(lambda: self._inflight == 0, timeout_s)
             return self._inflight

@@ -19,8 +19,10 @@ Semantics follow Kafka's Fetch and ListOffsets:
 
 Where bytes come from: the local log when it still holds the offset (no store request at all);
 otherwise the segment objects through `cache.ChunkCache` (`cache.segment_reads`: index
-positioning, chunk plan, header walk). Every byte returned is checked: record-batch CRC-32C on
-every piece served, and the object's CRC-32C from the manifest when a chunk is a whole segment.
+positioning, chunk plan, header walk). Every byte returned is checked: local pieces by their
+record-batch CRC-32Cs; bucket pieces by every batch's CRC-32C when their chunk is downloaded (and
+the object's CRC-32C from the manifest when a chunk is a whole segment), then by the chunk
+file's per-MiB CRC-32Cs on every read of it.
 
 Revision (the bucket's name for a topic incarnation): the topic id in the local
 `partition.metadata`, or "0" without one, exactly as the archiver names it; when nothing is
@@ -50,7 +52,7 @@ from cache.segment_reads import (
 )
 from manifests import keys
 from manifests.commit import ManifestStore
-from manifests.manifest import PartitionManifest
+from manifests.manifest import PartitionManifest, SegmentMeta
 from manifests.spillover import ManifestSettings
 from manifests.topic import load_topic_manifest
 from tiered.config import Config
@@ -524,9 +526,16 @@ class Reader:
                 try:
                     got = self.local.read(local, nxt, budget, first, hi)
                 except FileNotFoundError as err:
-                    if pieces:
-                        break  # serve what we have; the next fetch goes to the bucket
-                    raise _LocalVanished(str(err)) from None
+                    if not pieces:
+                        raise _LocalVanished(str(err)) from None
+                    # local retention deleted the next segment mid-fetch (it is archived, or
+                    # retention would not have touched it): go on from the bucket instead of
+                    # answering short
+                    m, remote_iter = self._continue_remotely(topic, partition, local, nxt, m)
+                    if m is None:
+                        break
+                    local, lo, hi = self._local_snapshot(topic, partition)
+                    continue
                 where = "local"
             elif remote_iter is not None and m is not None and nxt <= m.last_offset:
                 seg = next((s for s in remote_iter if s.last_offset >= nxt), None)
@@ -561,6 +570,25 @@ class Reader:
         log_end = hi if hi is not None else (None if m is None else m.next_offset)
         return FetchResult(topic, partition, offset, out, nxt, log_start, log_end,
                            "+".join(sources) or "none")
+
+    def _continue_remotely(
+        self, topic: str, partition: int, local: PartitionLog | None, offset: int,
+        m: PartitionManifest | None,
+    ) -> tuple[PartitionManifest | None, Iterator[SegmentMeta] | None]:
+        """After local segments vanished mid-fetch: rescan, and the head manifest and its
+        segments from `offset` when the bucket holds it (None, None: serve what was read)."""
+        if self.local_log is not None:
+            self._rescan()
+        try:
+            if m is None:
+                m = self._remote_for(topic, partition, local, offset, None)
+        except TieredError as err:
+            log.info("%s-%d: local segments vanished mid-fetch and the bucket cannot go on "
+                     "(%s); answering with what was read", topic, partition, err)
+            return None, None
+        if offset > m.last_offset:
+            return None, None
+        return m, self.manifests.iter_segments(m, offset)
 
     @staticmethod
     def _bounds_text(lo: int | None, hi: int | None) -> str:

@@ -13,6 +13,7 @@ import random
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.remote import (
@@ -376,6 +377,34 @@ def test_local_segment_deleted_under_the_reader_is_read_from_the_bucket(
         got = reader.fetch(TOPIC, 0, 3, 400)
         assert got.source == "remote"
         assert got.data == fx.image.expected(3, 400)
+
+
+def test_a_fetch_racing_local_deletion_goes_on_from_the_bucket(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """Local retention deletes the next segment while a fetch is between two local segments:
+    the fetch continues from the bucket and answers in full, never short at the boundary."""
+    fx = archived_partition(tmp_path, file_store, batches=80)
+    with fx.reader() as reader:
+        first = reader.fetch(TOPIC, 0, 0, 0)
+        assert first.source == "local"
+        budget = 6000
+        whole = fx.image.expected(3, budget)
+        calls = []
+        read = reader.local.read
+
+        def read_then_delete(*args: Any, **kwargs: Any) -> Any:
+            got = read(*args, **kwargs)
+            if not calls:  # after the first local piece: retention runs
+                drop_local_segments(fx.config, below=fx.end // 2)
+            calls.append(args)
+            return got
+
+        reader.local.read = read_then_delete  # type: ignore[method-assign]
+        got = reader.fetch(TOPIC, 0, 3, budget)
+        assert len(calls) >= 1
+        assert got.data == whole
+        assert "remote" in got.source
 
 
 def test_concurrent_fetches_through_one_reader_all_get_their_bytes(remote_only: Fixture) -> None:

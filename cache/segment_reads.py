@@ -5,8 +5,9 @@ the bucket (through the chunked cache), with one span rule for both.
 downloaded once), the chunk plan made from the index positions and the cache handle, in a small
 LRU. A read positions itself with the index (a lower bound), walks batch headers from there in
 windows ending on the cache's checksum blocks (headers only), picks whole batches with
-`take_batches`, reads them through the cache and checks them with `check_batches` before
-returning them.
+`take_batches` and reads them through the cache, which verified every batch when it downloaded
+the chunk and checks the chunk file's block CRC-32Cs on every read (local pieces are checked
+with `check_batches`).
 
 Chunk boundaries (`cache.chunks.plan_chunks` over the index positions): with Kafka's default
 `log.index.interval.bytes` (4 KiB) the index is dense enough for any chunk size. When it is
@@ -309,7 +310,8 @@ class RemoteSegments:
         reader: ReaderId | None = None, *, session: bool = False,
     ) -> tuple[bytes, Span]:
         """Whole batches of `seg` from the one holding `offset` within `budget` bytes (see
-        `take_batches`), CRC-checked; an exhausted span's next offset is the segment's end.
+        `take_batches`), checked by the cache; an exhausted span's next offset is the segment's
+        end.
 
         With `session` (a named consumer), where the read stopped is remembered, and a read
         asking for exactly that offset next starts there instead of at the index's lower bound:
@@ -330,8 +332,9 @@ class RemoteSegments:
         span = take_batches(window.headers(start, offset), offset, budget, first, None)
         data = b""
         if span.begin is not None:
+            # no second CRC pass here: the cache verified every batch of the chunk when it
+            # was downloaded and checks the chunk file's block CRC-32Cs on every read
             data = window.slice(span.begin, span.end)
-            check_batches(data, rs.key, span.begin, seg.base_offset, seg.last_offset)
             if session:
                 self._resume.put((reader, rs.key), (span.next_offset, span.end))
         if span.exhausted:

@@ -396,8 +396,12 @@ class S3Store(ObjectStore):
     def open_range(self, key: str, begin: int, end: int) -> RangeStream:
         if begin < 0 or end <= begin:
             raise ValueError(f"open_range {self._where(key)}: bad byte range [{begin}, {end})")
-        kwargs = {"Bucket": self.bucket, "Key": self._full(key),
-                  "Range": f"bytes={begin}-{end - 1}"}
+        kwargs = {"Bucket": self.bucket, "Key": self._full(key)}
+        if begin > 0:
+            kwargs["Range"] = f"bytes={begin}-{end - 1}"
+        # from byte 0: the whole object, unranged; the caller reads what it asked for and
+        # closes. The same bytes on S3, and servers that serve a ranged GET by slicing the
+        # object in memory (moto) stream an unranged one at once
 
         def fetch() -> RangeStream:
             # the body is read by the caller as it arrives; StreamingBody checks the length

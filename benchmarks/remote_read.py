@@ -16,6 +16,9 @@ written with `LogWriter`, archived into the bucket by the real archiver, and rea
   fetches, without and with read-ahead (`cloud_storage_chunk_prefetch`), optionally thinking
   `--think-ms` per fetch: total time, throughput, and the fetches that waited on a download.
 
+`python benchmarks/remote_read.py http` measures the same through a real `tiered run` and its
+HTTP endpoint instead, against raw boto3 and a trivial HTTP server (see remote_read_http.py).
+
 Every fetched byte is compared with the local file (outside the timed sections). Prints one
 JSON object; progress goes to stderr. Latencies are milliseconds, throughputs MB/s (10**6).
 """
@@ -28,6 +31,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -332,6 +336,12 @@ class Bench:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["http"]:  # through the daemon's HTTP endpoint: remote_read_http.py
+        from remote_read_http import run_http
+
+        emit(run_http(argv[1:]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="segment size, MiB")
     parser.add_argument("--chunk-mb", type=int, default=16, help="cache chunk size, MiB")

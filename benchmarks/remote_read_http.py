@@ -1,0 +1,480 @@
+"""Remote reads through the daemon's HTTP endpoint, against what the store and a trivial server
+give in the same run (`python benchmarks/remote_read.py http`).
+
+Set-up: a moto_server child process; partition 0 of a topic holds `--segments` closed segments
+of `--segment-mb` MiB (incompressible 64 KiB batches) archived into the bucket by the real
+archiver and deleted locally, plus a small active segment; partition 1 holds one archived
+segment and a `--big-active-mb` MiB active segment whose `.index` is empty (the case that used
+to cost a scan per fetch). A real `tiered run` child process serves
+`GET /v1/topics/T/partitions/P/records` with `cloud_storage_chunk_prefetch = --prefetch`.
+
+Measures (MB/s are 10**6 bytes per second; every byte read is compared with the log):
+* sequential: one consumer session reads segment 0 start to end in 1 MiB fetches over one
+  keep-alive connection; baseline: a boto3 streamed GET of the same object (1 MiB reads).
+  Also the daemon's CPU seconds per MB served.
+* concurrent: 8 consumer sessions at once, one segment each; baseline: 8 boto3 threads reading
+  the same 8 objects in chunk-sized ranged GETs.
+* warm: the same 1 MiB fetch again (chunk cached), median latency; baseline: a minimal
+  keep-alive HTTP server (http.server in its own process) returning the same bytes.
+* cold: a 1 MiB fetch of a chunk nobody read yet (empty cache for it), median; baseline: a
+  boto3 GET of one chunk-sized range of the same object.
+* active segment: warm fetch latency of archived offsets of partition 1 (big active segment,
+  empty index) over partition 0's (small active segment).
+
+moto reads the whole object for every GET, ranged or not (a 1 MiB range of a 64 MiB object
+costs about what the whole object does). Each figure therefore compares like with like where it
+can: the sequential baseline is one GET, as tiered's read-ahead stream is one GET (plus the
+first chunk's), and the cold baseline is the same single ranged GET tiered makes. `moto_get_ms`
+reports the cost of a 1-byte ranged GET of the segment object, the floor of every GET here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import MB, MIB, MotoServer, fake_aws_env, free_port, progress, versions
+
+from archiver.service import Archiver
+from archiver.space import DiskInfo
+from tiered.config import parse_config
+from tiered.kafka.builder import encode_batch
+from tiered.kafka.checkpoints import TopicPartition
+from tiered.kafka.log_writer import LogWriter, write_high_watermarks
+from tiered.kafka.records import Record
+from tiered.store import S3Store
+
+TOPIC = "bench"
+BUCKET = "remote-read-http"
+RECORDS_PER_BATCH = 16
+RECORD_BYTES = 4096
+FETCH = 1 << 20
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _template() -> bytearray:
+    rng = random.Random(7)
+    records = [Record(i, 1_700_000_000_000 + i, None, rng.randbytes(RECORD_BYTES))
+               for i in range(RECORDS_PER_BATCH)]
+    return bytearray(encode_batch(records, base_offset=0))
+
+
+def write_partition(log_dir: Path, partition: int, closed: list[int], active: int,
+                    empty_index: bool) -> tuple[list[Path], int]:
+    """Closed segments of the given sizes and an active one; returns the closed segments'
+    paths and the log end offset. One batch is copied with new base offsets (the CRC does not
+    cover them)."""
+    template = _template()
+    writer = LogWriter(log_dir / f"{TOPIC}-{partition}", segment_bytes=(1 << 31) - 1,
+                       fsync=False, topic_id=uuid.uuid5(uuid.NAMESPACE_DNS, TOPIC))
+    paths = []
+    with writer:
+        for size in [*closed, active]:
+            start = writer.log_end_offset
+            written = 0
+            while written < size:
+                template[:8] = writer.log_end_offset.to_bytes(8, "big")
+                writer.append_batches(bytes(template))
+                written += len(template)
+            if len(paths) < len(closed):
+                paths.append(log_dir / f"{TOPIC}-{partition}" / f"{start:020d}.log")
+                writer.roll()
+        end = writer.log_end_offset
+    if empty_index:  # the active segment's index, as a broker that preallocates it leaves it
+        for index in (log_dir / f"{TOPIC}-{partition}").glob("*.index"):
+            if index.with_suffix(".log") not in paths:
+                index.write_bytes(b"")
+    return paths, end
+
+
+def config_text(work: Path, endpoint: str, prefetch: int, chunk: int) -> str:
+    return textwrap.dedent(f"""\
+        [storage]
+        url = "s3://{BUCKET}"
+        endpoint_url = "{endpoint}"
+        region = "us-east-1"
+        access_key = "testing"
+        secret_key = "testing"
+
+        [log]
+        dirs = ["{work / 'logs'}"]
+        retention = "advise"
+
+        [cache]
+        dir = "{work / 'cache'}"
+
+        [cluster]
+        storage_min_free_bytes = 0
+        cloud_storage_cache_size = {64 * 1024 * MIB}
+        cloud_storage_cache_chunk_size = {chunk}
+        cloud_storage_chunk_prefetch = {prefetch}
+        cloud_storage_chunk_eviction_strategy = "eager"
+        cloud_storage_segment_max_upload_interval_sec = 86400
+        log_retention_ms = -1
+        """)
+
+
+class Daemon:
+    """`tiered run` as a child process, its HTTP port and its CPU time."""
+
+    def __init__(self, config: Path, log_path: Path) -> None:
+        self.port = free_port()
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("tiered")), "run", "--config", str(config),
+             "--metrics-port", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"tiered run exited at start:\n{self.tail(log_path)}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/health")
+                conn.getresponse().read()
+                conn.close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise SystemExit("tiered run did not answer in 60 s")
+
+    @staticmethod
+    def tail(log_path: Path) -> str:
+        return log_path.read_text(errors="replace")[-2000:]
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+class Consumer:
+    """One keep-alive connection fetching raw batches."""
+
+    def __init__(self, port: int, name: str | None, partition: int = 0) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self.name = name
+        self.partition = partition
+
+    def fetch(self, offset: int, max_bytes: int = FETCH) -> tuple[bytes, int]:
+        query = f"offset={offset}&max_bytes={max_bytes}"
+        if self.name is not None:
+            query += f"&consumer={self.name}"
+        self.conn.request("GET", f"/v1/topics/{TOPIC}/partitions/{self.partition}/records?"
+                          + query)
+        resp = self.conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise SystemExit(f"fetch at {offset}: HTTP {resp.status}: {body[:300]!r}")
+        return body, int(resp.headers["X-Next-Offset"])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def minimal_server(payload_size: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A trivial keep-alive HTTP server in its own process returning `payload_size` bytes."""
+    port = free_port()
+    code = textwrap.dedent(f"""\
+        import http.server, os
+        body = os.urandom({payload_size})
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            def log_message(self, *a):
+                pass
+        http.server.ThreadingHTTPServer(("127.0.0.1", {port}), H).serve_forever()
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/")
+            conn.getresponse().read()
+            conn.close()
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("the minimal server did not start")
+
+
+def median_ms(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1000, 2)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, work: Path, moto: MotoServer) -> None:
+        self.args = args
+        self.work = work
+        self.moto = moto
+        self.chunk = args.chunk_mb * MIB
+        self.client = moto.client(max_pool_connections=16)
+        self.truth: dict[tuple[int, int], Path] = {}  # (partition, base offset) -> local copy
+        self.segments: list[tuple[int, int, int, str]] = []  # (base, end, size, key) of p0
+
+    # -- set-up ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        logs = self.work / "logs"
+        seg = self.args.segment_mb * MIB
+        progress(f"writing {self.args.segments} x {self.args.segment_mb} MiB segments")
+        p0, end0 = write_partition(logs, 0, [seg] * self.args.segments, 64 * 1024, False)
+        p1, end1 = write_partition(logs, 1, [seg], self.args.big_active_mb * MIB, True)
+        write_high_watermarks(logs, {TopicPartition(TOPIC, 0): end0,
+                                     TopicPartition(TOPIC, 1): end1}, fsync=False)
+        progress("archiving them")
+        (self.work / "tiered.toml").write_text(
+            config_text(self.work, self.moto.endpoint, self.args.prefetch, self.chunk))
+        config = parse_config(
+            __import__("tomllib").loads((self.work / "tiered.toml").read_text()),
+            source="benchmark", base_dir=self.work)
+        store = S3Store(config.store_settings())
+        archiver = Archiver(config, store, disk_usage=lambda _p: DiskInfo(1 << 40, 1 << 39))
+        try:
+            while True:  # a round takes a bounded number of segments
+                report = archiver.upload_round()
+                if not report.ok:
+                    raise SystemExit(f"archiving failed: {report.errors}")
+                if not any(r.uploaded_segments for r in report.partitions):
+                    break
+        finally:
+            archiver.close()
+        keys = sorted(i.key for i in store.list("") if i.key.endswith(".log"))
+        store.close()
+        truth = self.work / "truth"
+        truth.mkdir()
+        for partition, paths in ((0, p0), (1, p1)):
+            for path in paths:
+                base = int(path.stem)
+                copy = truth / f"{partition}-{base}.log"
+                shutil.move(path, copy)
+                for suffix in (".index", ".timeindex"):
+                    path.with_suffix(suffix).unlink(missing_ok=True)
+                self.truth[(partition, base)] = copy
+                if partition == 0:
+                    key = next(k for k in keys if f"/{TOPIC}/0_" in k
+                               and k.rsplit("/", 1)[1].startswith(f"{base}-"))
+                    last = int(key.rsplit("/", 1)[1].split("-")[1])
+                    self.segments.append((base, last + 1, copy.stat().st_size, key))
+        self.segments.sort()
+
+    def check(self, partition: int, base: int, position: int, data: bytes) -> None:
+        with open(self.truth[(partition, base)], "rb") as f:
+            if os.pread(f.fileno(), len(data), position) != data:
+                raise SystemExit(f"bytes served differ from the log at {position}")
+
+    # -- contenders -----------------------------------------------------------------------
+    def consume(self, port: int, name: str, segment: int) -> tuple[int, float]:
+        base, end, _size, _key = self.segments[segment]
+        consumer = Consumer(port, name)
+        position, offset, total = 0, base, 0
+        start = time.perf_counter()
+        pieces = []
+        while offset < end:
+            body, offset = consumer.fetch(offset)
+            pieces.append(body)
+            total += len(body)
+        took = time.perf_counter() - start
+        consumer.close()
+        # the last fetch may run into the next segment: compare against the log's bytes
+        served = b"".join(pieces)
+        for seg_base, _end, size, _key in self.segments[segment:]:
+            if position >= len(served):
+                break
+            self.check(0, seg_base, 0, served[position:position + size])
+            position += size
+        return total, took
+
+    def boto3_stream(self, segment: int) -> tuple[int, float]:
+        key = self.segments[segment][3]
+        start = time.perf_counter()
+        body = self.client.get_object(Bucket=BUCKET, Key=key)["Body"]
+        total = sum(len(piece) for piece in body.iter_chunks(FETCH))
+        return total, time.perf_counter() - start
+
+    def boto3_ranged(self, segment: int) -> int:
+        _base, _end, size, key = self.segments[segment]
+        total = 0
+        for begin in range(0, size, self.chunk):
+            end = min(size, begin + self.chunk) - 1
+            total += len(self.client.get_object(Bucket=BUCKET, Key=key,
+                                                Range=f"bytes={begin}-{end}")["Body"].read())
+        return total
+
+    def parallel(self, work: Callable[[int], Any], count: int) -> tuple[list[Any], float]:
+        results: list[Any] = [None] * count
+
+        def run(i: int) -> None:
+            results[i] = work(i)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results, time.perf_counter() - start
+
+
+def run_http(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="remote_read.py http", description=__doc__)
+    parser.add_argument("--segment-mb", type=int, default=62)
+    parser.add_argument("--segments", type=int, default=11,
+                        help="archived segments of partition 0: warm, sequential, 8 "
+                             "concurrent, cold")
+    parser.add_argument("--chunk-mb", type=int, default=16)
+    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--big-active-mb", type=int, default=256)
+    parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.segments < 4:
+        parser.error("--segments must be at least 4")
+    work = Path(tempfile.mkdtemp(prefix="tiered-remote-read-http-"))
+    report: dict[str, Any] = {"benchmark": "remote_read http", "segment_bytes":
+                              args.segment_mb * MIB, "chunk_bytes": args.chunk_mb * MIB,
+                              "fetch_bytes": FETCH, "prefetch_chunks": args.prefetch}
+    try:
+        with MotoServer() as moto:
+            moto.create_bucket(BUCKET)
+            run = Run(args, work, moto)
+            run.prepare()
+            daemon = Daemon(work / "tiered.toml", work / "daemon.log")
+            try:
+                report.update(measure(run, daemon, args))
+            finally:
+                daemon.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report["versions"] = versions("boto3", "moto")
+    return report
+
+
+def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    rng = random.Random(args.seed)
+    seg0 = run.segments[0]
+    # the floor of any GET on moto: a 1-byte range of the segment object
+    floor = []
+    for _ in range(3):
+        t = time.perf_counter()
+        run.client.get_object(Bucket=BUCKET, Key=seg0[3], Range="bytes=0-0")["Body"].read()
+        floor.append(time.perf_counter() - t)
+    out["moto_get_ms"] = median_ms(floor)
+
+    progress("cold 1 MiB fetches")
+    cold, chunk_get = [], []
+    last_segment = run.segments[-1]
+    chunks = list(range(0, last_segment[2] - FETCH, run.chunk))
+    for begin in rng.sample(chunks, min(args.trials, len(chunks))):
+        # an offset in that chunk (every batch has the same size)
+        batch = len(_template())
+        offset = last_segment[0] + ((begin + MIB) // batch + 1) * RECORDS_PER_BATCH
+        consumer = Consumer(daemon.port, None)
+        t = time.perf_counter()
+        body, _next = consumer.fetch(offset)
+        cold.append(time.perf_counter() - t)
+        consumer.close()
+        run.check(0, last_segment[0], (offset - last_segment[0]) // RECORDS_PER_BATCH * batch,
+                  body)
+        t = time.perf_counter()
+        run.client.get_object(Bucket=BUCKET, Key=last_segment[3],
+                              Range=f"bytes={begin}-{begin + run.chunk - 1}")["Body"].read()
+        chunk_get.append(time.perf_counter() - t)
+    out["cold"] = {"tiered_ms": median_ms(cold), "boto3_chunk_get_ms": median_ms(chunk_get),
+                   "ratio": ratio(statistics.median(cold), statistics.median(chunk_get))}
+
+    progress("warm 1 MiB fetches")
+    consumer = Consumer(daemon.port, "warm")  # a session: its chunk stays held between fetches
+    consumer.fetch(seg0[0])
+    warm = []
+    for _ in range(args.trials * 10):
+        t = time.perf_counter()
+        body, _next = consumer.fetch(seg0[0])
+        warm.append(time.perf_counter() - t)
+    consumer.close()
+    proc, port = minimal_server(len(body))
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        minimal = []
+        for _ in range(args.trials * 10):
+            t = time.perf_counter()
+            conn.request("GET", "/")
+            conn.getresponse().read()
+            minimal.append(time.perf_counter() - t)
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait()
+    out["warm"] = {"tiered_ms": median_ms(warm), "minimal_http_server_ms": median_ms(minimal),
+                   "ratio": ratio(statistics.median(warm), statistics.median(minimal))}
+
+    progress("active segment: small vs big with an empty index")
+    lat: dict[int, list[float]] = {0: [], 1: []}
+    for partition in (0, 1):
+        consumer = Consumer(daemon.port, f"active{partition}", partition)
+        consumer.fetch(0)
+        for _ in range(args.trials * 10):
+            t = time.perf_counter()
+            consumer.fetch(0)
+            lat[partition].append(time.perf_counter() - t)
+        consumer.close()
+    out["active_segment"] = {
+        "small_active_ms": median_ms(lat[0]), "big_active_empty_index_ms": median_ms(lat[1]),
+        "big_active_bytes": args.big_active_mb * MIB,
+        "ratio": ratio(statistics.median(lat[1]), statistics.median(lat[0]))}
+
+    progress("sequential consumer")
+    total, took = run.boto3_stream(1)
+    cpu0 = daemon.cpu_s()
+    mine, mine_s = run.consume(daemon.port, "sequential", 1)
+    cpu = daemon.cpu_s() - cpu0
+    out["sequential"] = {
+        "tiered_mb_per_s": round(mine / mine_s / MB, 1),
+        "boto3_streamed_get_mb_per_s": round(total / took / MB, 1),
+        "ratio": ratio(mine / mine_s, total / took),
+        "daemon_cpu_s_per_mb": round(cpu / (mine / MB), 4)}
+
+    progress("8 concurrent consumers")
+    count = 8
+    spare = len(run.segments) - 3  # not the warm, sequential nor cold one
+    targets = [2 + (i % spare) for i in range(count)]
+    ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), count)
+    results, took = run.parallel(
+        lambda i: run.consume(daemon.port, f"c{i}", targets[i])[0], count)
+    out["concurrent"] = {
+        "consumers": count,
+        "tiered_mb_per_s": round(sum(results) / took / MB, 1),
+        "boto3_ranged_get_threads_mb_per_s": round(sum(ranged) / ranged_s / MB, 1),
+        "ratio": ratio(sum(results) / took, sum(ranged) / ranged_s)}
+    return out

@@ -67,6 +67,8 @@ class _Stream:
 
     next_index: int
     cancelled: bool = False
+    #: the segment the reader finishes before this one (its first chunk comes meanwhile)
+    after: str | None = None
 
 
 class SegmentHandle:
@@ -98,6 +100,17 @@ class SegmentHandle:
     def expect(self, reader: ReaderId, begin: int, end: int) -> None:
         """Register that `reader` will read bytes [begin, end) next (predictive eviction)."""
         self._cache._expect(self._segment, reader, begin, end)
+
+    def read_ahead(self, reader: ReaderId, *, after: str) -> bool:
+        """Start streaming this segment for `reader`, which is finishing segment `after` and
+        reads on into this one: its first chunk comes at once, the rest as the reader
+        arrives (see `ChunkCache`'s read-ahead). False when read-ahead is off, the first chunk
+        is already cached, or a stream runs."""
+        cache, seg = self._cache, self._segment
+        with cache._cond:
+            if not seg.starts or seg.chunk_ids[0] in cache._entries:
+                return False
+            return cache._start_stream(seg, 0, reader, None, after=after)
 
 
 class ChunkCache:
@@ -411,7 +424,7 @@ class ChunkCache:
 
     # ------------------------------------------------------------------ read-ahead
     def _start_stream(self, seg: SegmentInfo, index: int, reader: ReaderId,
-                      first: CacheEntry | None) -> bool:
+                      first: CacheEntry | None, *, after: str | None = None) -> bool:
         """Start a read-ahead stream of `seg` from chunk `index` for `reader` (`first`: that
         chunk's entry, already pinned and reserved by the caller); False when there is no
         streamer, the cache is closing, the reader has one on this segment or too many run."""
@@ -421,7 +434,7 @@ class ChunkCache:
             key = (reader, seg.key)
             if self._stop.is_set() or key in self._streams or len(self._streams) >= _MAX_STREAMS:
                 return False
-            stream = _Stream(index)
+            stream = _Stream(index, after=after)
             self._streams[key] = stream
             thread = threading.Thread(
                 target=self._stream_chunks, args=(seg, index, reader, first, stream),
@@ -436,6 +449,7 @@ class ChunkCache:
         each chunk verified and stored as its bytes arrive (see the module docstring)."""
         assert self._streamer is not None  # noqa: S101 - _start_stream checks
         body = None
+        buffer = bytearray()
         try:
             try:
                 body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size)
@@ -447,10 +461,10 @@ class ChunkCache:
                 if entry is None:
                     return
                 begin, end = seg.bounds(index)
-                streamed: bytes | None = None
+                streamed: memoryview | None = None
                 if body is not None:
                     try:
-                        streamed = read_exact(body, end - begin)
+                        streamed = read_exact(body, end - begin, buffer)
                     except Exception as err:
                         log.warning("read-ahead of %s broke at byte %d (%s); reading chunk by "
                                     "chunk", seg.key, begin, err)
@@ -506,9 +520,13 @@ class ChunkCache:
                 if self._stop.is_set() or stream.cancelled:
                     return None
                 at = self._readers.position(reader)
-                if at is not None and at[0] != seg.key:
+                if at is not None and at[0] == stream.after and at[0] != seg.key:
+                    if index == 0:  # the reader finishes the segment before: its next chunk
+                        self._readers.add_hold(reader, chunk)
+                        break
+                elif at is not None and at[0] != seg.key:
                     return None  # the reader moved to another segment
-                if at is not None and at[2] and index <= at[1] + self.settings.chunk_prefetch:
+                elif at is not None and at[2] and index <= at[1] + self.settings.chunk_prefetch:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -550,7 +568,7 @@ class ChunkCache:
         return disk.read_checked(path, end - begin, crcs, lo, hi)
 
     def _download(self, seg: SegmentInfo, index: int, entry: CacheEntry,
-                  streamed: bytes | None = None) -> bytes:
+                  streamed: memoryview | None = None) -> bytes:
         """Fetch, verify and store chunk `index` for `entry` (pinned, reserved, registered as
         downloading); on failure the reservation is dropped and waiting readers get the error.
         `streamed`: the chunk's bytes from a read-ahead stream, checked like a download (and
@@ -561,7 +579,8 @@ class ChunkCache:
             given = [streamed]
 
             def fetch(key: str, b: int, e: int) -> bytes:
-                return given.pop() if given else self._fetch(key, b, e)
+                # the stream's buffer, not copied: it is reused only after this returns
+                return given.pop() if given else self._fetch(key, b, e)  # type: ignore[return-value]
 
         try:
             data = fetch_verified(

@@ -541,7 +541,8 @@ class Reader:
                 seg = next((s for s in remote_iter if s.last_offset >= nxt), None)
                 try:
                     got = None if seg is None else self.remote.read(
-                        m, seg, nxt, budget, first, reader_id, session=session)
+                        m, seg, nxt, budget, first, reader_id, session=session,
+                        following=self._following(m, seg))
                 except TieredError:
                     if pieces:
                         # Kafka's semantics: serve the readable batches before a damaged or
@@ -570,6 +571,11 @@ class Reader:
         log_end = hi if hi is not None else (None if m is None else m.next_offset)
         return FetchResult(topic, partition, offset, out, nxt, log_start, log_end,
                            "+".join(sources) or "none")
+
+    def _following(self, m: PartitionManifest, seg: SegmentMeta
+                   ) -> Callable[[], SegmentMeta | None]:
+        """The segment after `seg` in the bucket, looked up when asked."""
+        return lambda: next(iter(self.manifests.iter_segments(m, seg.next_offset)), None)
 
     def _continue_remotely(
         self, topic: str, partition: int, local: PartitionLog | None, offset: int,

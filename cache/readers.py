@@ -30,6 +30,8 @@ class _Reader:
     sequential: bool
     last_seen: float
     holds: set[ChunkId] = field(default_factory=set)
+    #: chunks of the next segment read ahead for it: held until it reads in that segment
+    next_holds: set[ChunkId] = field(default_factory=set)
     expected: list[ChunkId] = field(default_factory=list)
     inferred: list[ChunkId] = field(default_factory=list)
 
@@ -97,6 +99,9 @@ class ReaderTable:
         if prev is not None and prev.expected:
             done = set(chunks[first:next_chunk])
             state.expected = [c for c in prev.expected if c not in done]
+        if prev is not None:
+            state.next_holds = {c for c in prev.next_holds if c.segment != segment}
+            holds |= state.next_holds
         if sequential:
             state.inferred = list(chunks[next_chunk:])
         elif inside_last:
@@ -110,6 +115,15 @@ class ReaderTable:
         """(segment, last chunk read, sequential) of `reader`; None when it is not known."""
         state = self._readers.get(reader)
         return None if state is None else (state.segment, state.last_chunk, state.sequential)
+
+    def add_hold(self, reader: ReaderId, chunk: ChunkId) -> None:
+        """Make `reader` hold `chunk` of the segment after the one it is in (read ahead for
+        it) until it reads in that segment."""
+        state = self._readers.get(reader)
+        if state is not None and chunk not in state.holds:
+            state.holds.add(chunk)
+            state.next_holds.add(chunk)
+            self._holds[chunk] += 1
 
     def expect(self, reader: ReaderId, chunks: Sequence[ChunkId], now: float) -> None:
         """Register that `reader` will read `chunks`, in this order (replaces earlier ones)."""

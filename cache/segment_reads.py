@@ -39,7 +39,7 @@ from cache.disk import BLOCK
 from manifests import keys
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
-from tiered.errors import CorruptSegmentError
+from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.index import OffsetIndex, TimeIndex
 from tiered.kafka.local_log import PartitionLog
 from tiered.kafka.records import (
@@ -261,6 +261,8 @@ class RemoteSegments:
         self._time_indexes: Lru[str, TimeIndex] = Lru(INDEX_LRU_ENTRIES)
         #: (reader, segment key) -> (next offset, its byte position) of consumer sessions
         self._resume: Lru[tuple[ReaderId | None, str], tuple[int, int]] = Lru(RESUME_ENTRIES)
+        #: (reader, segment key) whose next segment is already being read ahead
+        self._ahead: Lru[tuple[ReaderId | None, str], bool] = Lru(RESUME_ENTRIES)
         self._lock = threading.Lock()
         #: `.index` / `.timeindex` objects downloaded; segments read without a usable one
         self.index_downloads = 0
@@ -308,6 +310,7 @@ class RemoteSegments:
     def read(
         self, m: PartitionManifest, seg: SegmentMeta, offset: int, budget: int, first: bool,
         reader: ReaderId | None = None, *, session: bool = False,
+        following: Callable[[], SegmentMeta | None] | None = None,
     ) -> tuple[bytes, Span]:
         """Whole batches of `seg` from the one holding `offset` within `budget` bytes (see
         `take_batches`), checked by the cache; an exhausted span's next offset is the segment's
@@ -317,7 +320,12 @@ class RemoteSegments:
         asking for exactly that offset next starts there instead of at the index's lower bound:
         an index entry names the batch *before* the one wanted, which may sit in a chunk the
         consumer has already left (and eager eviction dropped), so resuming from the index
-        would download that chunk again at every chunk boundary."""
+        would download that chunk again at every chunk boundary.
+
+        `following` gives the segment after `seg`: when a session's read comes within
+        `cloud_storage_chunk_prefetch` chunks of `seg`'s end, that segment's first chunk is read
+        ahead (on a thread of its own, it downloads
+        the segment's index first), so a consumer crossing the boundary does not wait."""
         rs = self._open(m, seg)
 
         def read(begin: int, end: int) -> bytes:
@@ -337,9 +345,31 @@ class RemoteSegments:
             data = window.slice(span.begin, span.end)
             if session:
                 self._resume.put((reader, rs.key), (span.next_offset, span.end))
+                starts, ahead = rs.handle.chunk_starts, self.cache.settings.chunk_prefetch
+                if following is not None and ahead > 0 and (
+                        span.end >= starts[max(0, len(starts) - ahead)]):
+                    self._read_ahead_next(m, following, reader, rs.key)
         if span.exhausted:
             span = replace(span, next_offset=seg.next_offset)
         return data, span
+
+    def _read_ahead_next(self, m: PartitionManifest,
+                         following: Callable[[], SegmentMeta | None],
+                         reader: ReaderId | None, current: str) -> None:
+        if reader is None or self.cache.settings.chunk_prefetch <= 0:
+            return
+        nxt = following()
+        if nxt is None or self._ahead.get((reader, current)) is not None:
+            return
+        self._ahead.put((reader, current), True)
+
+        def run() -> None:
+            try:
+                self._open(m, nxt).handle.read_ahead(reader, after=current)
+            except TieredError as err:  # the reader's own read reports it, if it comes
+                log.debug("read-ahead into %s failed: %s", m.segment_key(nxt), err)
+
+        threading.Thread(target=run, name="cache-next-segment", daemon=True).start()
 
     def offset_for_timestamp(
         self, m: PartitionManifest, seg: SegmentMeta, timestamp: int, starting: int,

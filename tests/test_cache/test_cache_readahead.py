@@ -162,3 +162,29 @@ def test_many_readers_of_one_segment_download_each_chunk_once(tmp_path: Path,
         assert stats["evictions"] == 0
         assert stats["bytes_downloaded"] == len(data)
         assert stats["hydrated_chunks"] == len(starts)
+
+
+def test_the_next_segment_s_first_chunk_comes_while_the_reader_finishes_this_one(
+        tmp_path: Path, data: bytes) -> None:
+    """Read-ahead crosses a segment boundary: the next segment's first chunk is streamed and
+    held (eager eviction keeps it) while the reader is still in the segment before it."""
+    key2 = KEY.replace("0-1023", "1024-2047")
+    data2 = make_segment(batches=256, base_offset=1024)
+    cache, fetch, stream = open_cache(tmp_path, data)
+    stream.objects[key2] = data2
+    fetch.objects[key2] = data2
+    with cache:
+        starts = layout(data, CHUNK)
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg2 = cache.open_segment(key2, len(data2), layout(data2, CHUNK), verifier(key2))
+        last = starts[-1]
+        seg.read(last, last + 100, reader="c")
+        seg.read(last + 100, last + 200, reader="c")  # sequential, in the last chunk
+        assert seg2.read_ahead("c", after=KEY)
+        wait_until(lambda: cache.stats()["hydrated_chunks"] >= 2, "the next chunk to arrive")
+        stream2 = next(s for s in stream.opened if s.data is data2)
+        seg.read(last + 200, len(data), reader="c")  # finishes the segment; eager lets go
+        calls = len(fetch.calls)
+        assert seg2.read(0, 3000, reader="c") == data2[:3000]
+        assert len(fetch.calls) == calls  # the first chunk was there, no GET
+        assert stream2.pos >= layout(data2, CHUNK)[1]

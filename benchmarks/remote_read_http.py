@@ -9,9 +9,9 @@ to cost a scan per fetch). A real `tiered run` child process serves
 `GET /v1/topics/T/partitions/P/records` with `cloud_storage_chunk_prefetch = --prefetch`.
 
 Measures (MB/s are 10**6 bytes per second; every byte read is compared with the log):
-* sequential: one consumer session reads segment 0 start to end in 1 MiB fetches over one
-  keep-alive connection; baseline: a boto3 streamed GET of the same object (1 MiB reads).
-  Also the daemon's CPU seconds per MB served.
+* sequential: one consumer session reads a segment start to end in 1 MiB fetches over one
+  keep-alive connection; baseline: a boto3 streamed GET of the same object (1 MiB reads), run
+  just before it. Three segments, medians reported. Also the daemon's CPU seconds per MB.
 * concurrent: 8 consumer sessions at once, one segment each; baseline: 8 boto3 threads reading
   the same 8 objects in chunk-sized ranged GETs.
 * warm: the same 1 MiB fetch again (chunk cached), median latency; baseline: a minimal
@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import MB, MIB, MotoServer, fake_aws_env, free_port, progress, versions
+from _common import MB, MIB, SHM, MotoServer, fake_aws_env, free_port, progress, versions
 
 from archiver.service import Archiver
 from archiver.space import DiskInfo
@@ -63,6 +63,8 @@ BUCKET = "remote-read-http"
 RECORDS_PER_BATCH = 16
 RECORD_BYTES = 4096
 FETCH = 1 << 20
+#: sequential runs (one segment each); the report gives their medians
+SEQUENTIAL_RUNS = 3
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -101,7 +103,7 @@ def write_partition(log_dir: Path, partition: int, closed: list[int], active: in
     return paths, end
 
 
-def config_text(work: Path, endpoint: str, prefetch: int, chunk: int) -> str:
+def config_text(work: Path, endpoint: str, prefetch: int, chunk: int, cache_dir: Path) -> str:
     return textwrap.dedent(f"""\
         [storage]
         url = "s3://{BUCKET}"
@@ -115,7 +117,7 @@ def config_text(work: Path, endpoint: str, prefetch: int, chunk: int) -> str:
         retention = "advise"
 
         [cache]
-        dir = "{work / 'cache'}"
+        dir = "{cache_dir}"
 
         [cluster]
         storage_min_free_bytes = 0
@@ -225,6 +227,19 @@ def minimal_server(payload_size: int) -> tuple[subprocess.Popen[bytes], int]:
     raise SystemExit("the minimal server did not start")
 
 
+def disk_write_rate(work: Path, total: int = 512 * MIB) -> float:
+    """Sustained buffered write rate of the work directory's disk (16 MiB files, as chunks)."""
+    data = os.urandom(16 * MIB)
+    target = work / "write-rate"
+    target.mkdir()
+    start = time.perf_counter()
+    for n in range(total // len(data)):
+        (target / str(n)).write_bytes(data)
+    took = time.perf_counter() - start
+    shutil.rmtree(target)
+    return round(total / took / MB, 1)
+
+
 def median_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000, 2)
 
@@ -242,6 +257,11 @@ class Run:
         self.client = moto.client(max_pool_connections=16)
         self.truth: dict[tuple[int, int], Path] = {}  # (partition, base offset) -> local copy
         self.segments: list[tuple[int, int, int, str]] = []  # (base, end, size, key) of p0
+        # the cache on tmpfs (as moto's objects are) unless asked otherwise: on a VM disk,
+        # writeback throttling caps any disk cache (see `disk_write_mb_per_s` in the report)
+        shm = Path(SHM)
+        self.cache_dir = (work / "cache" if args.cache_on_disk or not shm.is_dir()
+                          else Path(tempfile.mkdtemp(prefix="tiered-bench-cache-", dir=shm)))
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -254,7 +274,8 @@ class Run:
                                      TopicPartition(TOPIC, 1): end1}, fsync=False)
         progress("archiving them")
         (self.work / "tiered.toml").write_text(
-            config_text(self.work, self.moto.endpoint, self.args.prefetch, self.chunk))
+            config_text(self.work, self.moto.endpoint, self.args.prefetch, self.chunk,
+                        self.cache_dir))
         config = parse_config(
             __import__("tomllib").loads((self.work / "tiered.toml").read_text()),
             source="benchmark", base_dir=self.work)
@@ -349,17 +370,19 @@ class Run:
 def run_http(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="remote_read.py http", description=__doc__)
     parser.add_argument("--segment-mb", type=int, default=62)
-    parser.add_argument("--segments", type=int, default=11,
-                        help="archived segments of partition 0: warm, sequential, 8 "
+    parser.add_argument("--segments", type=int, default=13,
+                        help="archived segments of partition 0: warm, 3 sequential, 8 "
                              "concurrent, cold")
     parser.add_argument("--chunk-mb", type=int, default=16)
     parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--big-active-mb", type=int, default=256)
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cache-on-disk", action="store_true",
+                        help="put the read cache in the work directory, not on tmpfs")
     args = parser.parse_args(argv)
-    if args.segments < 4:
-        parser.error("--segments must be at least 4")
+    if args.segments < SEQUENTIAL_RUNS + 3:
+        parser.error(f"--segments must be at least {SEQUENTIAL_RUNS + 3}")
     work = Path(tempfile.mkdtemp(prefix="tiered-remote-read-http-"))
     report: dict[str, Any] = {"benchmark": "remote_read http", "segment_bytes":
                               args.segment_mb * MIB, "chunk_bytes": args.chunk_mb * MIB,
@@ -374,6 +397,10 @@ def run_http(argv: list[str]) -> dict[str, Any]:
                 report.update(measure(run, daemon, args))
             finally:
                 daemon.stop()
+            report["cache_dir_filesystem"] = "disk" if run.cache_dir.is_relative_to(work) else (
+                "tmpfs")
+            shutil.rmtree(run.cache_dir, ignore_errors=True)
+            report["disk_write_mb_per_s"] = disk_write_rate(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report["versions"] = versions("boto3", "moto")
@@ -455,20 +482,24 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
         "ratio": ratio(statistics.median(lat[1]), statistics.median(lat[0]))}
 
     progress("sequential consumer")
-    total, took = run.boto3_stream(1)
-    cpu0 = daemon.cpu_s()
-    mine, mine_s = run.consume(daemon.port, "sequential", 1)
-    cpu = daemon.cpu_s() - cpu0
+    runs = []
+    for segment in range(1, 1 + SEQUENTIAL_RUNS):  # each its own segment, baseline first
+        total, took = run.boto3_stream(segment)
+        cpu0 = daemon.cpu_s()
+        mine, mine_s = run.consume(daemon.port, f"sequential{segment}", segment)
+        cpu = daemon.cpu_s() - cpu0
+        runs.append({"tiered_mb_per_s": round(mine / mine_s / MB, 1),
+                     "boto3_streamed_get_mb_per_s": round(total / took / MB, 1),
+                     "ratio": ratio(mine / mine_s, total / took),
+                     "daemon_cpu_s_per_mb": round(cpu / (mine / MB), 4)})
     out["sequential"] = {
-        "tiered_mb_per_s": round(mine / mine_s / MB, 1),
-        "boto3_streamed_get_mb_per_s": round(total / took / MB, 1),
-        "ratio": ratio(mine / mine_s, total / took),
-        "daemon_cpu_s_per_mb": round(cpu / (mine / MB), 4)}
+        key: statistics.median(r[key] for r in runs) for key in runs[0]} | {"runs": runs}
 
     progress("8 concurrent consumers")
     count = 8
-    spare = len(run.segments) - 3  # not the warm, sequential nor cold one
-    targets = [2 + (i % spare) for i in range(count)]
+    first = 1 + SEQUENTIAL_RUNS
+    spare = len(run.segments) - first - 1  # not the warm, sequential nor cold ones
+    targets = [first + (i % spare) for i in range(count)]
     ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), count)
     results, took = run.parallel(
         lambda i: run.consume(daemon.port, f"c{i}", targets[i])[0], count)

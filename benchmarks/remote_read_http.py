@@ -83,7 +83,7 @@ def write_partition(log_dir: Path, partition: int, closed: list[int], active: in
     template = _template()
     writer = LogWriter(log_dir / f"{TOPIC}-{partition}", segment_bytes=(1 << 31) - 1,
                        fsync=False, topic_id=uuid.uuid5(uuid.NAMESPACE_DNS, TOPIC))
-    paths = []
+    paths: list[Path] = []
     with writer:
         for size in [*closed, active]:
             start = writer.log_end_offset
@@ -482,7 +482,7 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
         "ratio": ratio(statistics.median(lat[1]), statistics.median(lat[0]))}
 
     progress("sequential consumer")
-    runs = []
+    runs: list[dict[str, float]] = []
     for segment in range(1, 1 + SEQUENTIAL_RUNS):  # each its own segment, baseline first
         total, took = run.boto3_stream(segment)
         cpu0 = daemon.cpu_s()
@@ -490,10 +490,11 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
         cpu = daemon.cpu_s() - cpu0
         runs.append({"tiered_mb_per_s": round(mine / mine_s / MB, 1),
                      "boto3_streamed_get_mb_per_s": round(total / took / MB, 1),
-                     "ratio": ratio(mine / mine_s, total / took),
+                     "ratio": round(mine / mine_s / (total / took), 3),
                      "daemon_cpu_s_per_mb": round(cpu / (mine / MB), 4)})
     out["sequential"] = {
-        key: statistics.median(r[key] for r in runs) for key in runs[0]} | {"runs": runs}
+        key: statistics.median(float(r[key]) for r in runs) for key in runs[0]
+    } | {"runs": runs}
 
     progress("8 concurrent consumers")
     count = 8

@@ -37,6 +37,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import NamedTuple, TypeVar
 
 from cache import disk
 from cache.accounting import CacheSettings, plan_trim
@@ -48,7 +49,9 @@ from cache.eviction import ChunkId, ChunkView, SegmentSnapshot, make_strategy
 from cache.readers import ReaderId, ReaderTable
 from tiered.errors import CorruptSegmentError, TieredError
 
-__all__ = ["ChunkCache", "Fetcher", "ReaderId", "SegmentHandle", "Verifier"]
+__all__ = ["ChunkCache", "ChunkFile", "Fetcher", "ReaderId", "SegmentHandle", "Verifier"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,14 @@ _READ_ATTEMPTS = 3
 _STREAM_IDLE_S = 20.0
 #: read-ahead streams open at once; past this, read-ahead falls back to one GET per chunk
 _MAX_STREAMS = 32
+
+
+class ChunkFile(NamedTuple):
+    """An open, verified chunk file holding segment bytes [begin, end)."""
+
+    fd: int
+    begin: int
+    end: int
 
 
 @dataclass
@@ -96,6 +107,14 @@ class SegmentHandle:
         sequential reading is detected (read-ahead) and the predictive strategy learns its
         needs; None reads once without holding anything afterwards."""
         return self._cache._read(self._segment, begin, end, reader)
+
+    def open_chunk(self, position: int, end: int, *, reader: ReaderId | None = None
+                   ) -> ChunkFile:
+        """The chunk holding byte `position`, verified and open for reading (downloaded first
+        when not cached), for a read of bytes [position, end) that continues past it when
+        `end` is beyond the chunk. The descriptor keeps the file readable even if the cache
+        evicts it; the caller closes it. `reader` as in `read`."""
+        return self._cache._open_chunk(self._segment, position, end, reader)
 
     def expect(self, reader: ReaderId, begin: int, end: int) -> None:
         """Register that `reader` will read bytes [begin, end) next (predictive eviction)."""
@@ -293,12 +312,42 @@ class ChunkCache:
 
     # ---------------------------------------------------------------------- reading
     def _read(self, seg: SegmentInfo, begin: int, end: int, reader: ReaderId | None) -> bytes:
+        self._check_range(seg, begin, end)
+
+        def piece(index: int, pinned: list[CacheEntry]) -> bytes:
+            chunk_begin, chunk_end = seg.bounds(index)
+            lo, hi = max(begin, chunk_begin) - chunk_begin, min(end, chunk_end) - chunk_begin
+            return self._with_chunk(seg, index, pinned, reader, lambda entry, data: (
+                self._load(seg, index, entry, lo, hi) if data is None else bytes(data[lo:hi])))
+
+        return b"".join(self._visit(seg, chunks_for_range(seg.starts, begin, end), end,
+                                    reader, piece))
+
+    def _open_chunk(self, seg: SegmentInfo, position: int, end: int,
+                    reader: ReaderId | None) -> ChunkFile:
+        self._check_range(seg, position, end)
+        indices = chunks_for_range(seg.starts, position, max(end, position + 1))
+        index = indices[0]
+
+        def opened(index: int, pinned: list[CacheEntry]) -> int:
+            return self._with_chunk(seg, index, pinned, reader,
+                                    lambda entry, _data: self._open_verified(seg, index, entry))
+
+        fd = self._visit(seg, range(index, index + 1), min(end, seg.bounds(index)[1]), reader,
+                         opened)[0]
+        return ChunkFile(fd, *seg.bounds(index))
+
+    def _check_range(self, seg: SegmentInfo, begin: int, end: int) -> None:
         if not 0 <= begin <= end <= seg.size:
             raise CacheError(
                 f"segment {seg.key}: byte range [{begin}, {end}) is outside its {seg.size} bytes"
             )
-        indices = chunks_for_range(seg.starts, begin, end)
-        parts: list[bytes] = []
+
+    def _visit(self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId | None,
+               get: Callable[[int, list[CacheEntry]], T]) -> list[T]:
+        """`get(index, pinned)` for each chunk of a read of `seg` ending at byte `end`, then
+        the reader's position, holds and read-ahead updated (see `_after_read`)."""
+        parts: list[T] = []
         ahead: list[int] = []
         # the last chunk read stays pinned until the reader's holds are registered, in the
         # same critical section: unpinned in between, another session's release could evict
@@ -307,9 +356,7 @@ class ChunkCache:
         pinned: list[CacheEntry] = []
         try:
             for index in indices:
-                chunk_begin, chunk_end = seg.bounds(index)
-                lo, hi = max(begin, chunk_begin) - chunk_begin, min(end, chunk_end) - chunk_begin
-                parts.append(self._chunk_slice(seg, index, lo, hi, pinned, reader))
+                parts.append(get(index, pinned))
                 if index != indices[-1]:
                     self._unpin(pinned.pop())
         finally:
@@ -331,7 +378,7 @@ class ChunkCache:
                 executor.submit(self._prefetch, seg, index)
             except RuntimeError:  # the pool is shutting down with the cache
                 break
-        return b"".join(parts)
+        return parts
 
     def _after_read(
         self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId
@@ -363,11 +410,13 @@ class ChunkCache:
             chunks = [ids[i] for i in chunks_for_range(seg.starts, begin, end)]
             self._readers.expect(reader, chunks, self._clock())
 
-    def _chunk_slice(self, seg: SegmentInfo, index: int, lo: int, hi: int,
-                     pinned: list[CacheEntry], reader: ReaderId | None) -> bytes:
-        """Verified bytes [lo, hi) (relative to the chunk) of chunk `index`, from disk or
-        downloaded now. The chunk's entry stays pinned and goes into `pinned` for the caller
-        to unpin once the reader's holds are in place."""
+    def _with_chunk(self, seg: SegmentInfo, index: int, pinned: list[CacheEntry],
+                    reader: ReaderId | None,
+                    use: Callable[[CacheEntry, bytes | memoryview | None], T]) -> T:
+        """`use(entry, downloaded bytes or None)` on chunk `index`, cached or downloaded now
+        (a stored chunk that fails its checks is dropped and fetched again). The chunk's entry
+        stays pinned and goes into `pinned` for the caller to unpin once the reader's holds
+        are in place."""
         chunk = seg.chunk_ids[index]
         if reader is not None and self._streams:
             self._await_stream(seg, index, reader)
@@ -375,19 +424,18 @@ class ChunkCache:
             entry, mine, download = self._pin(chunk, seg.bounds(index), prefetch=False)
             keep = False
             try:
+                data: bytes | memoryview | None = None
                 if mine and reader is not None and self._start_stream(seg, index, reader, entry):
                     assert download is not None  # noqa: S101 - a new entry downloads
                     download.result()  # the stream's first chunk: this one
-                    data = self._load(seg, index, entry, lo, hi)
                 elif mine:
-                    data = self._download(seg, index, entry)[lo:hi]
-                else:
-                    if download is not None:
-                        download.result()  # raises the downloader's error, if it failed
-                    data = self._load(seg, index, entry, lo, hi)
+                    data = self._download(seg, index, entry)
+                elif download is not None:
+                    download.result()  # raises the downloader's error, if it failed
+                result = use(entry, data)
                 keep = True
                 pinned.append(entry)
-                return data
+                return result
             except disk.BadFile as bad:
                 log.warning("cached chunk %s of %s is bad, fetching again: %s",
                             chunk.start, chunk.segment, bad)
@@ -402,6 +450,24 @@ class ChunkCache:
             f"chunk kept failing its checks after {_READ_ATTEMPTS} reads",
             path=seg.key, position=seg.bounds(index)[0],
         )
+
+    def _open_verified(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> int:
+        """An open descriptor of the stored chunk, verified: when it was downloaded, or (a file
+        found after a restart) now, whole. BadFile when it is missing or of the wrong size."""
+        if entry.crcs is None:
+            self._load(seg, index, entry, 0, 0)
+        begin, end = seg.bounds(index)
+        try:
+            fd = os.open(disk.chunk_path(self.root, entry.chunk), os.O_RDONLY)
+        except FileNotFoundError as err:
+            raise disk.BadFile("file is missing") from err
+        except OSError as err:
+            raise CacheError(f"cannot open cached chunk of {seg.key}: {err}") from err
+        size = os.fstat(fd).st_size
+        if size != end - begin:
+            os.close(fd)
+            raise disk.BadFile(f"{size} bytes on disk, the chunk has {end - begin}")
+        return fd
 
     def _prefetch(self, seg: SegmentInfo, index: int) -> None:
         chunk = seg.chunk_ids[index]

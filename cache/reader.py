@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.chunk_cache import ChunkCache
+from cache.pieces import Pieces
 from cache.segment_reads import (
     LocalSegments,
     Lru,
@@ -69,6 +70,7 @@ from tiered.topics import topic_name_problem
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "FetchResult",
+    "FetchedPieces",
     "InvalidRequest",
     "Reader",
     "ReaderStats",
@@ -144,6 +146,36 @@ class FetchResult:
             for record in batch.records:
                 if record.offset >= self.offset:
                     yield record
+
+
+@dataclass(frozen=True)
+class FetchedPieces:
+    """`FetchResult` before its bytes are read: they are `pieces` (local log reads and open
+    chunk-file ranges). Owns open files: close it (it is a context manager)."""
+
+    topic: str
+    partition: int
+    offset: int
+    pieces: Pieces
+    next_offset: int
+    log_start_offset: int | None
+    high_watermark: int | None
+    source: str
+
+    def result(self) -> FetchResult:
+        """The answer with its bytes read into memory."""
+        return FetchResult(self.topic, self.partition, self.offset, self.pieces.read(),
+                           self.next_offset, self.log_start_offset, self.high_watermark,
+                           self.source)
+
+    def close(self) -> None:
+        self.pieces.close()
+
+    def __enter__(self) -> FetchedPieces:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass
@@ -249,6 +281,15 @@ class Reader:
         close it with `close_reader` when the consumer goes away.
         Raises OffsetOutOfRange (RemoteReadDisabled), UnknownPartition, InvalidRequest,
         CorruptSegmentError, StoreError / CacheError."""
+        with self.fetch_pieces(topic, partition, offset, max_bytes, reader_id=reader_id) as got:
+            return got.result()
+
+    def fetch_pieces(
+        self, topic: str, partition: int, offset: int, max_bytes: int = DEFAULT_MAX_BYTES,
+        *, reader_id: Hashable | None = None,
+    ) -> FetchedPieces:
+        """`fetch`, with the bytes left where they lie (`cache.pieces`): the HTTP endpoint
+        sends the chunk-file ranges with sendfile. Close the answer when it is sent."""
         _check_request(topic, partition)
         for name, value in (("offset", offset), ("max_bytes", max_bytes)):
             if type(value) is not int or value < 0:
@@ -487,7 +528,7 @@ class Reader:
     def _fetch_once(
         self, topic: str, partition: int, offset: int, max_bytes: int, reader_id: Hashable,
         session: bool,
-    ) -> FetchResult:
+    ) -> FetchedPieces:
         local, lo, hi = self._local_range(topic, partition, offset)
         m: PartitionManifest | None = None
         if lo is not None and hi is not None and lo <= offset < hi:
@@ -515,18 +556,39 @@ class Reader:
                     f"{self._bounds_text(start, end)}"
                     + (f" (offsets {m.next_offset}..{lo - 1} are neither local nor in the "
                        "bucket)" if gap and lo is not None else ""))
-        pieces: list[bytes] = []
+        out = Pieces()
+        try:
+            nxt, sources = self._gather(topic, partition, offset, max_bytes, reader_id, session,
+                                        local, lo, hi, m, out)
+        except BaseException:
+            out.close()
+            raise
+        self._count(**({"local_fetches": 1, "local_bytes": out.size} if m is None
+                       else {"remote_fetches": 1, "remote_bytes": out.size}))
+        log_start = lo if m is None else (m.log_start_offset if lo is None
+                                          else min(lo, m.log_start_offset))
+        log_end = hi if hi is not None else (None if m is None else m.next_offset)
+        return FetchedPieces(topic, partition, offset, out, nxt, log_start, log_end,
+                             "+".join(sources) or "none")
+
+    def _gather(
+        self, topic: str, partition: int, offset: int, max_bytes: int, reader_id: Hashable,
+        session: bool, local: PartitionLog | None, lo: int | None, hi: int | None,
+        m: PartitionManifest | None, out: Pieces,
+    ) -> tuple[int, list[str]]:
+        """Whole batches from `offset` into `out`, local log and bucket as the offsets lie;
+        returns the next offset and where the bytes came from."""
         sources: list[str] = []
-        budget, nxt = max_bytes, offset
+        nxt = offset
         remote_iter = None if m is None else self.manifests.iter_segments(m, offset)
         while True:
-            first = not pieces
-            got: tuple[bytes, Span] | None
+            first, budget, before = not out, max_bytes - out.size, out.size
+            span: Span | None
             if local is not None and lo is not None and hi is not None and lo <= nxt < hi:
                 try:
                     got = self.local.read(local, nxt, budget, first, hi)
                 except FileNotFoundError as err:
-                    if not pieces:
+                    if not out:
                         raise _LocalVanished(str(err)) from None
                     # local retention deleted the next segment mid-fetch (it is archived, or
                     # retention would not have touched it): go on from the bucket instead of
@@ -536,41 +598,34 @@ class Reader:
                         break
                     local, lo, hi = self._local_snapshot(topic, partition)
                     continue
+                if got is None:
+                    break
+                out.add(got[0])
+                span = got[1]
                 where = "local"
             elif remote_iter is not None and m is not None and nxt <= m.last_offset:
                 seg = next((s for s in remote_iter if s.last_offset >= nxt), None)
                 try:
-                    got = None if seg is None else self.remote.read(
-                        m, seg, nxt, budget, first, reader_id, session=session,
+                    span = None if seg is None else self.remote.read(
+                        m, seg, nxt, budget, first, reader_id, out, session=session,
                         following=self._following(m, seg))
                 except TieredError:
-                    if pieces:
+                    if out:
                         # Kafka's semantics: serve the readable batches before a damaged or
                         # missing object; the fetch starting at it fails, naming it
                         break
                     raise
                 where = "remote"
             else:
-                got = None
-            if got is None:
+                span = None
+            if span is None:
                 break
-            data, span = got
-            if data:
-                pieces.append(data)
-                budget -= len(data)
-                if where not in sources:
-                    sources.append(where)
+            if out.size > before and where not in sources:
+                sources.append(where)
             nxt = max(nxt, span.next_offset)
-            if not span.exhausted or (budget <= 0 and pieces):
+            if not span.exhausted or (out.size >= max_bytes and out):
                 break
-        out = b"".join(pieces)
-        self._count(**({"local_fetches": 1, "local_bytes": len(out)} if m is None
-                       else {"remote_fetches": 1, "remote_bytes": len(out)}))
-        log_start = lo if m is None else (m.log_start_offset if lo is None
-                                          else min(lo, m.log_start_offset))
-        log_end = hi if hi is not None else (None if m is None else m.next_offset)
-        return FetchResult(topic, partition, offset, out, nxt, log_start, log_end,
-                           "+".join(sources) or "none")
+        return nxt, sources
 
     def _following(self, m: PartitionManifest, seg: SegmentMeta
                    ) -> Callable[[], SegmentMeta | None]:

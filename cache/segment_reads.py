@@ -33,9 +33,10 @@ from typing import Generic, TypeVar
 
 import crc32c
 
-from cache.chunk_cache import ChunkCache, ReaderId, SegmentHandle
+from cache.chunk_cache import ChunkCache, ChunkFile, ReaderId, SegmentHandle
 from cache.chunks import plan_chunks
 from cache.disk import BLOCK
+from cache.pieces import FilePiece, Pieces
 from manifests import keys
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
@@ -70,6 +71,8 @@ log = logging.getLogger(__name__)
 #: segments whose (index, chunk plan, cache handle) stay in memory; an index is at most
 #: 10 MiB (`log.index.size.max.bytes`) and usually a few KiB
 INDEX_LRU_ENTRIES = 128
+#: bytes read at a batch position to get its header: with small batches one read holds many
+HEADER_PAGE = 4096
 #: consumer sessions whose position in a remote segment is remembered
 RESUME_ENTRIES = 4096
 
@@ -242,6 +245,68 @@ class Window:
             pos = h.end_position
 
 
+class ChunkFiles:
+    """One fetch's view of a segment object as open chunk files: batch headers come from small
+    reads at the batch positions (a batch never spans two chunks: chunks start at batch
+    boundaries), the batches themselves as file ranges. Chunks are opened through the cache in
+    walk order, so the reader's position and read-ahead move as with byte reads."""
+
+    def __init__(self, handle: SegmentHandle, reader: ReaderId | None, size: int,
+                 where: str) -> None:
+        self._handle = handle
+        self._reader = reader
+        self.size = size
+        self.where = where
+        self._files: list[ChunkFile] = []
+        #: the descriptors opened, for the caller to close
+        self.fds: list[int] = []
+
+    def _file(self, pos: int) -> ChunkFile:
+        for f in reversed(self._files):
+            if f.begin <= pos < f.end:
+                return f
+        # read up to one byte short of the chunk's end: see Window._window_end
+        i = bisect.bisect_right(self._handle.chunk_starts, pos)
+        starts = self._handle.chunk_starts
+        chunk_end = starts[i] if i < len(starts) else self.size
+        f = self._handle.open_chunk(pos, max(pos + 1, chunk_end - 1), reader=self._reader)
+        self.fds.append(f.fd)
+        self._files.append(f)
+        return f
+
+    def headers(self, pos: int, offset: int) -> Iterator[BatchHeader]:
+        """Batch headers from byte `pos` (a batch boundary) to the end, positions absolute."""
+        size, where = self.size, self.where
+        page, page_at = b"", 0
+        while pos < size:
+            if size - pos < BATCH_HEADER.size:
+                raise CorruptSegmentError(
+                    f"truncated batch: {size - pos} bytes left, a header needs "
+                    f"{BATCH_HEADER.size}", path=where, position=pos)
+            if not page_at <= pos <= page_at + len(page) - BATCH_HEADER.size:
+                f = self._file(pos)
+                page_at = pos
+                page = os.pread(f.fd, min(HEADER_PAGE, f.end - pos), pos - f.begin)
+                if len(page) < BATCH_HEADER.size:
+                    raise CorruptSegmentError("cached chunk is shorter than the segment",
+                                              path=where, position=pos)
+            h = BatchHeader(pos, *BATCH_HEADER.unpack_from(page, pos - page_at))
+            if h.magic != MAGIC_V2 or h.batch_length < MIN_BATCH_LENGTH or h.end_position > size:
+                raise CorruptSegmentError(
+                    f"bad batch header (magic {h.magic}, length {h.batch_length}, "
+                    f"{size - pos} bytes left)", path=where, position=pos)
+            yield h
+            pos = h.end_position
+
+    def pieces(self, begin: int, end: int) -> Iterator[FilePiece]:
+        """Bytes [begin, end) as ranges of the chunk files holding them."""
+        while begin < end:
+            f = self._file(begin)
+            stop = min(end, f.end)
+            yield FilePiece(f.fd, begin - f.begin, stop - begin)
+            begin = stop
+
+
 @dataclass(frozen=True)
 class _Opened:
     key: str
@@ -309,12 +374,14 @@ class RemoteSegments:
 
     def read(
         self, m: PartitionManifest, seg: SegmentMeta, offset: int, budget: int, first: bool,
-        reader: ReaderId | None = None, *, session: bool = False,
+        reader: ReaderId | None, out: Pieces, *, session: bool = False,
         following: Callable[[], SegmentMeta | None] | None = None,
-    ) -> tuple[bytes, Span]:
+    ) -> Span:
         """Whole batches of `seg` from the one holding `offset` within `budget` bytes (see
-        `take_batches`), checked by the cache; an exhausted span's next offset is the segment's
-        end.
+        `take_batches`), added to `out` as ranges of the cache's chunk files (which adopts
+        their descriptors); an exhausted span's next offset is the segment's end. Batch
+        headers are read with small reads of the chunk files; the batches themselves are not
+        read here at all: the cache verified every one when it downloaded the chunk.
 
         With `session` (a named consumer), where the read stopped is remembered, and a read
         asking for exactly that offset next starts there instead of at the index's lower bound:
@@ -324,34 +391,31 @@ class RemoteSegments:
 
         `following` gives the segment after `seg`: when a session's read comes within
         `cloud_storage_chunk_prefetch` chunks of `seg`'s end, that segment's first chunk is read
-        ahead (on a thread of its own, it downloads
-        the segment's index first), so a consumer crossing the boundary does not wait."""
+        ahead (on a thread of its own, it downloads the segment's index first), so a consumer
+        crossing the boundary does not wait."""
         rs = self._open(m, seg)
-
-        def read(begin: int, end: int) -> bytes:
-            return rs.handle.read(begin, end, reader=reader)
-
         resume = self._resume.get((reader, rs.key)) if session else None
         if resume is not None and resume[0] == offset:
             start = resume[1]
         else:
             start = rs.index.lookup(offset, max_position=seg.size_bytes).position
-        window = Window(read, seg.size_bytes, start, rs.handle.chunk_starts, rs.key)
-        span = take_batches(window.headers(start, offset), offset, budget, first, None)
-        data = b""
-        if span.begin is not None:
-            # no second CRC pass here: the cache verified every batch of the chunk when it
-            # was downloaded and checks the chunk file's block CRC-32Cs on every read
-            data = window.slice(span.begin, span.end)
-            if session:
-                self._resume.put((reader, rs.key), (span.next_offset, span.end))
-                starts, ahead = rs.handle.chunk_starts, self.cache.settings.chunk_prefetch
-                if following is not None and ahead > 0 and (
-                        span.end >= starts[max(0, len(starts) - ahead)]):
-                    self._read_ahead_next(m, following, reader, rs.key)
+        files = ChunkFiles(rs.handle, reader, seg.size_bytes, rs.key)
+        try:
+            span = take_batches(files.headers(start, offset), offset, budget, first, None)
+            if span.begin is not None:
+                for piece in files.pieces(span.begin, span.end):
+                    out.add(piece)
+        finally:
+            out.adopt(files.fds)
+        if span.begin is not None and session:
+            self._resume.put((reader, rs.key), (span.next_offset, span.end))
+            starts, ahead = rs.handle.chunk_starts, self.cache.settings.chunk_prefetch
+            if following is not None and ahead > 0 and (
+                    span.end >= starts[max(0, len(starts) - ahead)]):
+                self._read_ahead_next(m, following, reader, rs.key)
         if span.exhausted:
             span = replace(span, next_offset=seg.next_offset)
-        return data, span
+        return span
 
     def _read_ahead_next(self, m: PartitionManifest,
                          following: Callable[[], SegmentMeta | None],

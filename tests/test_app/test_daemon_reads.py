@@ -491,6 +491,7 @@ def test_without_a_reader_the_route_answers_503(config: Config) -> None:
     finally:
         daemon.server.stop()
     assert (status, headers["Content-Type"]) == (503, "application/json")
+    assert isinstance(body, bytes)
     assert json.loads(body)["error"] == "KAFKA_STORAGE_ERROR"
 
 

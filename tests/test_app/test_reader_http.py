@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from prometheus_client import CollectorRegistry
 from support.remote import (
     TOPIC,
     Fixture,
@@ -28,38 +26,22 @@ from support.remote import (
 
 from cache.reader import Reader
 from manifests import keys
+from tiered.app.health import Health
 from tiered.app.http_api import handle_records
+from tiered.app.http_server import MetricsServer
 from tiered.kafka.records import iter_batches
 
 
 class _Server:
-    """`http.server` routing every request to `handle_records`, as the daemon does."""
+    """The daemon's HTTP server routing `/v1/` to `handle_records`, as the daemon does."""
 
     def __init__(self, reader: Reader) -> None:
-        reader_ref = reader
-
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                parts = urlsplit(self.path)
-                status, headers, body = handle_records(
-                    reader_ref, self.command, parts.path, parse_qs(parts.query))
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                if "Content-Length" not in headers:
-                    self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = do_HEAD = _serve  # noqa: N815 - http.server's naming
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self.httpd = MetricsServer(
+            "127.0.0.1", 0, CollectorRegistry(), lambda: Health(200, {}),
+            routes={"/v1/": lambda method, path, query: handle_records(
+                reader, method, path, query)})
+        self.httpd.start()
+        self.url = self.httpd.url
 
     def get(self, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
         request = urllib.request.Request(self.url + path, method=method)
@@ -70,8 +52,7 @@ class _Server:
             return err.code, dict(err.headers), err.read()
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()
 
 
 @pytest.fixture
@@ -225,4 +206,5 @@ def test_remote_read_disabled_is_416(tmp_path: Path, file_store: Any) -> None:
     with fx.reader() as reader:
         status, _, body = handle_records(reader, "GET", _records_path(), {"offset": ["0"]})
     assert status == 416
+    assert isinstance(body, bytes)
     assert "remote read is disabled" in json.loads(body)["message"]

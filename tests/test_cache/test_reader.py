@@ -390,7 +390,7 @@ def test_a_fetch_racing_local_deletion_goes_on_from_the_bucket(
         assert first.source == "local"
         budget = 6000
         whole = fx.image.expected(3, budget)
-        calls = []
+        calls: list[tuple[Any, ...]] = []
         read = reader.local.read
 
         def read_then_delete(*args: Any, **kwargs: Any) -> Any:
@@ -416,3 +416,19 @@ def test_concurrent_fetches_through_one_reader_all_get_their_bytes(remote_only: 
         results = list(pool.map(lambda job: reader.fetch(TOPIC, 0, *job), jobs))
     for (offset, budget), got in zip(jobs, results, strict=True):
         assert got.data == fx.image.expected(offset, budget), (offset, budget)
+
+
+def test_fetched_pieces_stay_readable_when_the_cache_drops_their_chunks(
+    remote_only: Fixture,
+) -> None:
+    """Bucket reads answer with ranges of open chunk files (sent with sendfile): a chunk the
+    cache evicts, or a cache directory emptied, between the fetch and the send changes
+    nothing for that answer."""
+    fx = remote_only
+    with fx.reader() as reader, reader.fetch_pieces(TOPIC, 0, 5, 3000, reader_id="c") as got:
+        assert got.source == "remote"
+        assert any(not isinstance(p, bytes) for p in got.pieces.parts)
+        for path in sorted(reader.config.cache_dir.rglob("*"), reverse=True):
+            if path.is_file():
+                path.unlink()
+        assert got.pieces.read() == fx.image.expected(5, 3000)

@@ -40,7 +40,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
-from cache.reader import DEFAULT_MAX_BYTES, FetchResult, InvalidRequest, Reader, UnknownPartition
+from cache.pieces import Pieces
+from cache.reader import (
+    DEFAULT_MAX_BYTES,
+    FetchedPieces,
+    FetchResult,
+    InvalidRequest,
+    Reader,
+    UnknownPartition,
+)
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 from tiered.kafka.records import Record
 
@@ -48,8 +56,8 @@ __all__ = ["FORMATS", "MAX_FETCH_BYTES", "Response", "handle_records", "jsonl_li
 
 log = logging.getLogger(__name__)
 
-#: (status, headers, body)
-Response = tuple[int, dict[str, str], bytes]
+#: (status, headers, body): a raw answer's body is the fetch's pieces, sent with sendfile
+Response = tuple[int, dict[str, str], bytes | Pieces]
 
 #: largest max_bytes one request may ask for (Kafka's fetch.max.bytes default is 50 MiB)
 MAX_FETCH_BYTES = 64 << 20
@@ -138,8 +146,8 @@ def handle_records(
     if match is None:
         return _error(404, "UNKNOWN_TOPIC_OR_PARTITION", f"no such resource: {path}")
     if method not in ("GET", "HEAD"):
-        status, headers, body = _error(405, "INVALID_REQUEST", f"method {method} not allowed")
-        return status, {**headers, "Allow": "GET, HEAD"}, body
+        status, headers, message = _error(405, "INVALID_REQUEST", f"method {method} not allowed")
+        return status, {**headers, "Allow": "GET, HEAD"}, message
     topic, partition = "", -1
     try:
         topic = unquote(match.group(1), errors="strict")
@@ -156,9 +164,16 @@ def handle_records(
         if consumer is not None and not _CONSUMER.fullmatch(consumer):
             raise InvalidRequest("consumer must be 1-64 characters of [A-Za-z0-9._-]")
         session = None if consumer is None else ("http", topic, partition, consumer)
-        result = reader.fetch(topic, partition, offset, max_bytes, reader_id=session)
         content_type, encode = FORMATS[fmt]
-        body = encode(result)
+        body: bytes | Pieces
+        result: FetchResult | FetchedPieces
+        if fmt == "raw":  # the bytes stay where they are until the server sends them
+            got = reader.fetch_pieces(topic, partition, offset, max_bytes, reader_id=session)
+            result, body, size = got, got.pieces, got.pieces.size
+        else:
+            result = reader.fetch(topic, partition, offset, max_bytes, reader_id=session)
+            body = encode(result)
+            size = len(body)
     except InvalidRequest as exc:
         return _error(400, "INVALID_REQUEST", str(exc))
     except UnicodeDecodeError:
@@ -178,7 +193,7 @@ def handle_records(
         return _error(500, "UNKNOWN_SERVER_ERROR", "internal error; see the daemon's log")
     headers = {
         "Content-Type": content_type,
-        "Content-Length": str(len(body)),
+        "Content-Length": str(size),
         "X-Next-Offset": str(result.next_offset),
         "X-Source": result.source,
     }
@@ -186,4 +201,8 @@ def handle_records(
         headers["X-Log-Start-Offset"] = str(result.log_start_offset)
     if result.high_watermark is not None:
         headers["X-High-Watermark"] = str(result.high_watermark)
-    return 200, headers, b"" if method == "HEAD" else body
+    if method == "HEAD":
+        if isinstance(body, Pieces):
+            body.close()
+        return 200, headers, b""
+    return 200, headers, body

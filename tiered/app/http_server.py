@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from cache.pieces import Pieces
 from tiered.app.health import Health
 
 __all__ = ["MetricsServer", "Response", "Route"]
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 #: a routed path's answer: (status, headers, body); a HEAD answer carries the GET's
 #: Content-Length in `headers` and an empty body
-Response = tuple[int, Mapping[str, str], bytes]
+Response = tuple[int, Mapping[str, str], bytes | Pieces]
 #: `route(method, path, query)`: `path` still percent-encoded and without the query string,
 #: `query` as `urllib.parse.parse_qs` returns it (blank values kept)
 Route = Callable[[str, str, Mapping[str, Sequence[str]]], Response]
@@ -101,15 +102,25 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps(health.body, default=str).encode() + b"\n"
         return health.status, {"Content-Type": "application/json"}, body
 
-    def _send(self, method: str, status: int, headers: Mapping[str, str], body: bytes) -> None:
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        if not any(name.lower() == "content-length" for name in headers):
-            self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if method != "HEAD":
-            self.wfile.write(body)
+    def _send(self, method: str, status: int, headers: Mapping[str, str],
+              body: bytes | Pieces) -> None:
+        try:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            if not any(name.lower() == "content-length" for name in headers):
+                size = body.size if isinstance(body, Pieces) else len(body)
+                self.send_header("Content-Length", str(size))
+            self.end_headers()
+            if method == "HEAD":
+                return
+            if isinstance(body, Pieces):
+                body.send(self.connection)  # file ranges go out with sendfile
+            else:
+                self.wfile.write(body)
+        finally:
+            if isinstance(body, Pieces):
+                body.close()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
         log.debug("http: " + format, *args)

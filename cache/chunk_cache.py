@@ -454,9 +454,14 @@ class ChunkCache:
     def _open_verified(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> int:
         """An open descriptor of the stored chunk, verified: when it was downloaded, or (a file
         found after a restart) now, whole. BadFile when it is missing or of the wrong size."""
-        if entry.crcs is None:
-            self._load(seg, index, entry, 0, 0)
         begin, end = seg.bounds(index)
+        if not entry.verified:  # once per process: a file found at start-up, read back whole
+            if entry.crcs is None:
+                self._load(seg, index, entry, 0, 0)
+            else:
+                disk.read_checked(disk.chunk_path(self.root, entry.chunk), end - begin,
+                                  entry.crcs, 0, end - begin)
+            entry.verified = True
         try:
             fd = os.open(disk.chunk_path(self.root, entry.chunk), os.O_RDONLY)
         except FileNotFoundError as err:
@@ -674,6 +679,7 @@ class ChunkCache:
             raise
         with self._cond:
             entry.crcs = disk.block_crcs(data)
+            entry.verified = True
             entry.last_access = self._clock()
             assert entry.download is not None
             entry.download.set_result(None)

@@ -36,7 +36,7 @@ class CacheEntry:
     """One cached (or downloading) file. `download` is set while the first reader fetches it;
     others wait on it instead of fetching again."""
 
-    __slots__ = ("chunk", "crcs", "download", "last_access", "pins", "size")
+    __slots__ = ("chunk", "crcs", "download", "last_access", "pins", "size", "verified")
 
     def __init__(
         self, chunk: ChunkId, size: int, last_access: float, crcs: tuple[int, ...] | None
@@ -45,5 +45,8 @@ class CacheEntry:
         self.size = size
         self.last_access = last_access
         self.crcs = crcs
+        #: checked by this process (downloaded and verified, or a file found at start-up read
+        #: back against its checksums): its ranges may then be served without reading them
+        self.verified = False
         self.pins = 0
         self.download: Future[None] | None = None

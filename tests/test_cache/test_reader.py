@@ -432,3 +432,23 @@ def test_fetched_pieces_stay_readable_when_the_cache_drops_their_chunks(
             if path.is_file():
                 path.unlink()
         assert got.pieces.read() == fx.image.expected(5, 3000)
+
+
+def test_a_chunk_file_damaged_while_the_process_was_down_is_fetched_again(
+    remote_only: Fixture,
+) -> None:
+    """Chunk ranges go out unread, so each file found at start-up is read back against its
+    checksums once before it is served: a damaged one is dropped and downloaded again."""
+    fx = remote_only
+    with fx.reader() as reader:  # a session holds its chunk: it is on disk at the restart
+        got = reader.fetch(TOPIC, 0, 5, 3000, reader_id="c")
+        assert got.data == fx.image.expected(5, 3000)
+    chunks = [p for p in fx.config.cache_dir.rglob("*") if p.is_file() and p.name.isdigit()]
+    assert chunks
+    for path in chunks:
+        damaged = bytearray(path.read_bytes())
+        damaged[len(damaged) // 2] ^= 0xFF
+        path.write_bytes(bytes(damaged))
+    with fx.reader() as reader:
+        assert reader.fetch(TOPIC, 0, 5, 3000).data == fx.image.expected(5, 3000)
+        assert reader.cache.stats()["corrupt_discarded"] >= 1

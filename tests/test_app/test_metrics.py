@@ -24,6 +24,7 @@ from tiered.app.metrics import (
     ReaderCollector,
     make_registry,
 )
+from tiered.store.retry import RetryStats
 
 
 def _stats() -> ArchiverStats:
@@ -90,20 +91,34 @@ def test_every_archiver_stat_is_exported_with_its_value() -> None:
                     (("partition", "0"), ("topic", "orders")))] == 500
     assert samples[("tiered_pending_upload_bytes",
                     (("partition", "1"), ("topic", "orders")))] == 200
-    assert samples[("tiered_store_attempts_total", ())] == 12
-    assert samples[("tiered_store_retries_total", ())] == 2
+    archive = (("path", "archive"),)
+    assert samples[("tiered_store_attempts_total", archive)] == 12
+    assert samples[("tiered_store_retries_total", archive)] == 2
 
 
-def test_the_read_paths_store_requests_count_in_the_store_totals() -> None:
+def test_store_metrics_are_labelled_by_path_with_bytes_and_latency() -> None:
     from prometheus_client import generate_latest
 
-    reader = {"operations": 7, "attempts": 9, "retries": 2, "errors": 1, "exhausted": 0}
-    text = generate_latest(make_registry(ArchiverCollector(_stats, lambda: reader))).decode()
-    alone = _samples(generate_latest(make_registry(ArchiverCollector(_stats))).decode())
-    both = _samples(text)
-    for key, value in reader.items():
-        sample = (f"tiered_store_{key}_total", ())
-        assert both[sample] == alone.get(sample, 0.0) + value, key
+    stats = RetryStats()
+    stats.add(operations=7, attempts=9, retries=2, errors=1, bytes_read=5000, bytes_written=10)
+    for seconds in (0.001, 0.02, 0.02, 3.0, 99.0):
+        stats.observe(seconds)
+    text = generate_latest(make_registry(
+        ArchiverCollector(_stats, stats.snapshot))).decode()
+    samples = _samples(text)
+    read, archive = (("path", "read"),), (("path", "archive"),)
+    assert samples[("tiered_store_operations_total", read)] == 7
+    assert samples[("tiered_store_operations_total", archive)] == 10
+    assert samples[("tiered_store_errors_total", read)] == 1
+    assert samples[("tiered_store_bytes_total", (("direction", "read"), ("path", "read")))] == 5000
+    assert samples[("tiered_store_bytes_total",
+                    (("direction", "write"), ("path", "read")))] == 10
+    assert samples[("tiered_store_request_seconds_count", read)] == 5
+    assert samples[("tiered_store_request_seconds_bucket", (("le", "0.005"), *read))] == 1
+    assert samples[("tiered_store_request_seconds_bucket", (("le", "0.025"), *read))] == 3
+    assert samples[("tiered_store_request_seconds_bucket", (("le", "5.0"), *read))] == 4
+    assert samples[("tiered_store_request_seconds_bucket", (("le", "+Inf"), *read))] == 5
+    assert samples[("tiered_store_request_seconds_sum", read)] == pytest.approx(102.041)
 
 
 def test_no_stats_yet_exports_nothing_rather_than_zeros() -> None:

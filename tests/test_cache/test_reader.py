@@ -43,6 +43,7 @@ from tiered.kafka.local_log import LocalLog, TopicPartition
 from tiered.kafka.log_writer import LogWriter
 from tiered.kafka.records import iter_batch_headers
 from tiered.store.base import ObjectStore
+from tiered.store.s3 import S3Store
 
 
 def test_every_offset_reads_back_byte_identical_after_local_data_is_gone(
@@ -452,3 +453,26 @@ def test_a_chunk_file_damaged_while_the_process_was_down_is_fetched_again(
     with fx.reader() as reader:
         assert reader.fetch(TOPIC, 0, 5, 3000).data == fx.image.expected(5, 3000)
         assert reader.cache.stats()["corrupt_discarded"] >= 1
+
+
+def test_the_read_paths_store_requests_are_counted_with_bytes_and_latency(
+    tmp_path: Path, s3_store: S3Store
+) -> None:
+    """`tiered_store_*{path="read"}` comes from these counters: every GET of a read, the
+    bytes it brought (streamed read-ahead included) and one latency observation each."""
+    fx = archived_partition(tmp_path, s3_store, batches=80,
+                            cluster={"cloud_storage_chunk_prefetch": 2})
+    drop_local_segments(fx.config)
+    before = s3_store.stats.snapshot()
+    with fx.reader() as reader:
+        offset, served = 0, 0
+        while offset < fx.end:
+            got = reader.fetch(TOPIC, 0, offset, 4000, reader_id="c")
+            assert got.data == fx.image.expected(offset, 4000)
+            offset, served = got.next_offset, served + len(got.data)
+    after = s3_store.stats.snapshot()
+    operations = after["operations"] - before["operations"]
+    latencies = sum(after[k] - before[k] for k in after if k.startswith("latency_bucket_"))
+    assert operations > 0 and latencies == operations
+    assert after["bytes_read"] - before["bytes_read"] >= served
+    assert after["errors"] == before["errors"]

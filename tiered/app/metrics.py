@@ -19,10 +19,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from tiered.app.health import JobCounters
+from tiered.store.base import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from archiver.service import ArchiverStats
@@ -102,14 +108,14 @@ def _family(kind: str, name: str, doc: str, labels: list[str] | None = None) -> 
 
 class ArchiverCollector(Collector):
     """Reads an `ArchiverStats` at every scrape; `stats()` returning None (the archiver has not
-    started yet) exports nothing rather than misleading zeros. `other_stores()` gives the
-    request counters of the daemon's other store handles (the read path's), added into the
-    `tiered_store_*` totals so every request the process makes is counted."""
+    started yet) exports nothing rather than misleading zeros. The `tiered_store_*` families
+    are labelled by `path`: `archive` (the archiver's store handle) and `read` (the read
+    path's, from `read_store()`: a `RetryStats.snapshot()`, empty when there is none)."""
 
     def __init__(self, stats: Callable[[], ArchiverStats | None],
-                 other_stores: Callable[[], Mapping[str, int]] = dict) -> None:
+                 read_store: Callable[[], Mapping[str, int]] = dict) -> None:
         self._stats = stats
-        self._other_stores = other_stores
+        self._read_store = read_store
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
@@ -125,14 +131,36 @@ class ArchiverCollector(Collector):
         for (topic, partition), value in sorted(stats.pending_bytes_by_partition.items()):
             pending.add_metric([topic, str(partition)], float(value))
         yield pending
-        totals = dict(stats.store_retry_stats)
-        for key, value in self._other_stores().items():
-            totals[key] = totals.get(key, 0) + value
-        for key, value in sorted(totals.items()):
-            doc = STORE_METRICS.get(key, f"Object-store counter {key!r}.")
-            family = _family("counter", f"store_{key}", doc)
-            family.add_metric([], float(value))
-            yield family
+        yield from store_families({"archive": stats.store_retry_stats,
+                                   "read": self._read_store()})
+
+
+def store_families(paths: Mapping[str, Mapping[str, int]]) -> Iterator[Metric]:
+    """`tiered_store_*` from `RetryStats.snapshot()`s by path: the counters, bytes moved by
+    direction, and the request-latency histogram."""
+    paths = {path: snap for path, snap in paths.items() if snap}
+    for key, doc in STORE_METRICS.items():
+        family = _family("counter", f"store_{key}", doc, ["path"])
+        for path, snap in paths.items():
+            family.add_metric([path], float(snap.get(key, 0)))
+        yield family
+    moved = _family("counter", "store_bytes", "Object bytes moved, by path and direction "
+                    "(read: GET bodies, write: PUT bodies and multipart uploads).",
+                    ["path", "direction"])
+    for path, snap in paths.items():
+        moved.add_metric([path, "read"], float(snap.get("bytes_read", 0)))
+        moved.add_metric([path, "write"], float(snap.get("bytes_written", 0)))
+    yield moved
+    latency = HistogramMetricFamily(
+        f"{PREFIX}_store_request_seconds", "Time of object-store operations, retries "
+        "included, by path.", labels=["path"])
+    for path, snap in paths.items():
+        cumulative, buckets = 0, []
+        for i, bound in enumerate((*LATENCY_BUCKETS, float("inf"))):
+            cumulative += snap.get(f"latency_bucket_{i}", 0)
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), float(cumulative)))
+        latency.add_metric([path], buckets, snap.get("latency_sum_us", 0) / 1_000_000)
+    yield latency
 
 
 class JobsCollector(Collector):

@@ -86,6 +86,9 @@ class StoreSettings:
     allow_unconditional_writes: bool = False
 
 
+#: upper bounds (seconds) of the store-request latency histogram's buckets; +Inf follows
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
 #: the condition "form" of a store that sends no conditions: see `ObjectStore.use_condition_form`
 UNCONDITIONAL = "none"
 

@@ -11,6 +11,7 @@ itself is wrong and is surfaced at once.
 
 from __future__ import annotations
 
+import bisect
 import http.client
 import inspect
 import logging
@@ -25,7 +26,7 @@ import tenacity
 import urllib3.exceptions
 
 from tiered.errors import ConfigError
-from tiered.store.base import StoreSettings
+from tiered.store.base import LATENCY_BUCKETS, StoreSettings
 from tiered.store.errors import ObjectNotFound, PreconditionFailed, StoreError
 
 #: outcomes that are the store's answer, not its failure: a refused condition (the probe's
@@ -113,18 +114,29 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, _CONNECTION_ERRORS)
 
 
+#: the counters `RetryStats.snapshot` gives, besides the histogram
+COUNTERS = ("operations", "attempts", "retries", "errors", "exhausted", "bytes_read",
+            "bytes_written")
+
+
 @dataclass
 class RetryStats:
     """Counters of one store's calls, for metrics. Thread-safe: many archiver threads share a
     store. `attempts` counts every request sent, `retries` the ones that were repeats,
     `errors` the operations that failed for good, `exhausted` those among them that ran out of
-    attempts on retryable faults."""
+    attempts on retryable faults; `bytes_read` / `bytes_written` the object bytes moved; every
+    operation's time, retries included, goes into a histogram (`LATENCY_BUCKETS`)."""
 
     operations: int = 0
     attempts: int = 0
     retries: int = 0
     errors: int = 0
     exhausted: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    #: operations per latency bucket (the last one: slower than every bound)
+    latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum_us: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -132,22 +144,30 @@ class RetryStats:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
 
-    def snapshot(self) -> dict[str, int]:
-        """A consistent copy of the counters, for a metrics scrape."""
+    def observe(self, seconds: float) -> None:
+        """One operation took `seconds`."""
+        bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)
         with self._lock:
-            return {
-                "operations": self.operations,
-                "attempts": self.attempts,
-                "retries": self.retries,
-                "errors": self.errors,
-                "exhausted": self.exhausted,
-            }
+            self.latency[bucket] += 1
+            self.latency_sum_us += round(seconds * 1_000_000)
+
+    def snapshot(self) -> dict[str, int]:
+        """A consistent copy for a metrics scrape: the `COUNTERS`, and the histogram as
+        `latency_bucket_<i>` (operations in bucket i, not cumulative) and `latency_sum_us`."""
+        with self._lock:
+            out = {name: getattr(self, name) for name in COUNTERS}
+            out.update({f"latency_bucket_{i}": n for i, n in enumerate(self.latency)})
+            out["latency_sum_us"] = self.latency_sum_us
+            return out
 
     def __getstate__(self) -> dict[str, int]:
         return self.snapshot()
 
     def __setstate__(self, state: dict[str, int]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
+        self.__init__(**{k: v for k, v in state.items() if k in COUNTERS})  # type: ignore[misc]
+        self.latency_sum_us = state.get("latency_sum_us", 0)
+        for i in range(len(self.latency)):
+            self.latency[i] = state.get(f"latency_bucket_{i}", 0)
 
 
 @dataclass(frozen=True)
@@ -263,6 +283,7 @@ class Retrier:
             reraise=True,
         )
         stats.add(operations=1)
+        started = time.monotonic()
         try:
             return retrying(counted)
         except StoreError as exc:
@@ -284,6 +305,8 @@ class Retrier:
                     describe(exc),
                 )
             raise mapped from exc
+        finally:
+            stats.observe(time.monotonic() - started)
 
 
 def describe(exc: BaseException) -> str:

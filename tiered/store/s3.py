@@ -283,6 +283,7 @@ class S3Store(ObjectStore):
             )
             self._conditions_rejected = True
             return self.put(key, data)
+        self.stats.add(bytes_written=len(data))
         return _strip_etag(resp.get("ETag"))
 
     def put_file(
@@ -314,6 +315,7 @@ class S3Store(ObjectStore):
                                                **sums)
 
         resp = self._call("put_file", key, single)
+        self.stats.add(bytes_written=size)
         return _strip_etag(resp.get("ETag"))
 
     def _multipart(self, key: str, total: int,
@@ -322,7 +324,9 @@ class S3Store(ObjectStore):
         """Upload `total` bytes as parts read by `read_part(offset, length)` (the engine is
         `multipart.upload_parts`; this store makes the requests)."""
         size = part_size(total, self.settings.multipart_chunksize)
-        return upload_parts(_S3Multipart(self, key), total, size, read_part, self._parts, ready)
+        etag = upload_parts(_S3Multipart(self, key), total, size, read_part, self._parts, ready)
+        self.stats.add(bytes_written=total)
+        return etag
 
     def _checksum_args(self) -> dict[str, str]:
         """`ChecksumAlgorithm` for a multipart upload. With botocore's default
@@ -391,7 +395,9 @@ class S3Store(ObjectStore):
             finally:
                 body.close()
 
-        return self._call("get", key, fetch)
+        blob = self._call("get", key, fetch)
+        self.stats.add(bytes_read=len(blob))
+        return blob
 
     def open_range(self, key: str, begin: int, end: int) -> RangeStream:
         if begin < 0 or end <= begin:
@@ -408,7 +414,7 @@ class S3Store(ObjectStore):
             body: RangeStream = self._client.get_object(**kwargs)["Body"]
             return body
 
-        return self._call("get", key, fetch)
+        return _CountedStream(self._call("get", key, fetch), self.stats)
 
     def head(self, key: str) -> ObjectInfo:
         full = self._full(key)
@@ -525,6 +531,22 @@ class _S3Multipart:
         except StoreError as exc:
             # the bucket's lifecycle rule for incomplete uploads is the backstop
             log.warning("could not abort multipart upload of %s: %s", s._where(self.key), exc)
+
+
+class _CountedStream:
+    """A streamed GET whose bytes count in the store's `bytes_read` as they are read."""
+
+    def __init__(self, body: RangeStream, stats: RetryStats) -> None:
+        self._body = body
+        self._stats = stats
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._body.read(n)
+        self._stats.add(bytes_read=len(data))
+        return data
+
+    def close(self) -> None:
+        self._body.close()
 
 
 def _crc32c_b64(body: bytes | FileRange) -> str:

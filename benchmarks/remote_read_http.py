@@ -468,13 +468,15 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
 
     progress("active segment: small vs big with an empty index")
     lat: dict[int, list[float]] = {0: [], 1: []}
-    for partition in (0, 1):
-        consumer = Consumer(daemon.port, f"active{partition}", partition)
+    consumers = {p: Consumer(daemon.port, f"active{p}", p) for p in (0, 1)}
+    for consumer in consumers.values():
         consumer.fetch(0)
-        for _ in range(args.trials * 10):
+    for _ in range(args.trials * 20):  # interleaved, so a passing disturbance hits both
+        for partition, consumer in consumers.items():
             t = time.perf_counter()
             consumer.fetch(0)
             lat[partition].append(time.perf_counter() - t)
+    for consumer in consumers.values():
         consumer.close()
     out["active_segment"] = {
         "small_active_ms": median_ms(lat[0]), "big_active_empty_index_ms": median_ms(lat[1]),

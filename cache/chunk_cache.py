@@ -101,20 +101,21 @@ class SegmentHandle:
     def chunk_starts(self) -> tuple[int, ...]:
         return self._segment.starts
 
-    def read(self, begin: int, end: int, *, reader: ReaderId | None = None) -> bytes:
+    def read(self, begin: int, end: int, *, reader: ReaderId | None = None,
+             stream: bool = True) -> bytes:
         """Bytes [begin, end) of the segment, downloading the chunks that cover them if they are
         not cached. `reader` names a consumer session so its position is held between reads,
         sequential reading is detected (read-ahead) and the predictive strategy learns its
         needs; None reads once without holding anything afterwards."""
-        return self._cache._read(self._segment, begin, end, reader)
+        return self._cache._read(self._segment, begin, end, reader, stream)
 
-    def open_chunk(self, position: int, end: int, *, reader: ReaderId | None = None
-                   ) -> ChunkFile:
+    def open_chunk(self, position: int, end: int, *, reader: ReaderId | None = None,
+                   stream: bool = True) -> ChunkFile:
         """The chunk holding byte `position`, verified and open for reading (downloaded first
         when not cached), for a read of bytes [position, end) that continues past it when
         `end` is beyond the chunk. The descriptor keeps the file readable even if the cache
         evicts it; the caller closes it. `reader` as in `read`."""
-        return self._cache._open_chunk(self._segment, position, end, reader)
+        return self._cache._open_chunk(self._segment, position, end, reader, stream)
 
     def expect(self, reader: ReaderId, begin: int, end: int) -> None:
         """Register that `reader` will read bytes [begin, end) next (predictive eviction)."""
@@ -311,30 +312,31 @@ class ChunkCache:
         self.close()
 
     # ---------------------------------------------------------------------- reading
-    def _read(self, seg: SegmentInfo, begin: int, end: int, reader: ReaderId | None) -> bytes:
+    def _read(self, seg: SegmentInfo, begin: int, end: int, reader: ReaderId | None,
+              stream: bool) -> bytes:
         self._check_range(seg, begin, end)
 
         def piece(index: int, pinned: list[CacheEntry]) -> bytes:
             chunk_begin, chunk_end = seg.bounds(index)
             lo, hi = max(begin, chunk_begin) - chunk_begin, min(end, chunk_end) - chunk_begin
-            return self._with_chunk(seg, index, pinned, reader, lambda entry, data: (
+            return self._with_chunk(seg, index, pinned, reader, stream, lambda entry, data: (
                 self._load(seg, index, entry, lo, hi) if data is None else bytes(data[lo:hi])))
 
         return b"".join(self._visit(seg, chunks_for_range(seg.starts, begin, end), end,
-                                    reader, piece))
+                                    reader, stream, piece))
 
     def _open_chunk(self, seg: SegmentInfo, position: int, end: int,
-                    reader: ReaderId | None) -> ChunkFile:
+                    reader: ReaderId | None, stream: bool) -> ChunkFile:
         self._check_range(seg, position, end)
         indices = chunks_for_range(seg.starts, position, max(end, position + 1))
         index = indices[0]
 
         def opened(index: int, pinned: list[CacheEntry]) -> int:
-            return self._with_chunk(seg, index, pinned, reader,
+            return self._with_chunk(seg, index, pinned, reader, stream,
                                     lambda entry, _data: self._open_verified(seg, index, entry))
 
         fd = self._visit(seg, range(index, index + 1), min(end, seg.bounds(index)[1]), reader,
-                         opened)[0]
+                         stream, opened)[0]
         return ChunkFile(fd, *seg.bounds(index))
 
     def _check_range(self, seg: SegmentInfo, begin: int, end: int) -> None:
@@ -344,9 +346,10 @@ class ChunkCache:
             )
 
     def _visit(self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId | None,
-               get: Callable[[int, list[CacheEntry]], T]) -> list[T]:
+               stream: bool, get: Callable[[int, list[CacheEntry]], T]) -> list[T]:
         """`get(index, pinned)` for each chunk of a read of `seg` ending at byte `end`, then
-        the reader's position, holds and read-ahead updated (see `_after_read`)."""
+        the reader's position, holds and read-ahead updated (see `_after_read`; `stream`: the
+        reader is a consumer session, which read-ahead may serve with a stream)."""
         parts: list[T] = []
         ahead: list[int] = []
         # the last chunk read stays pinned until the reader's holds are registered, in the
@@ -364,7 +367,7 @@ class ChunkCache:
                 self._segments.setdefault(seg.key, seg)
                 try:
                     if reader is not None and indices and len(parts) == len(indices):
-                        ahead = self._after_read(seg, indices, end, reader)
+                        ahead = self._after_read(seg, indices, end, reader, stream)
                 finally:  # a pin left behind would keep the chunk from ever being evicted
                     for entry in pinned:
                         self._unpin(entry)
@@ -381,7 +384,7 @@ class ChunkCache:
         return parts
 
     def _after_read(
-        self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId
+        self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId, stream: bool = True
     ) -> list[int]:
         """Update the reader's position and holds; the chunk indices to prefetch for it."""
         last = indices[-1]
@@ -395,7 +398,7 @@ class ChunkCache:
         if (reader, seg.key) in self._streams:
             self._cond.notify_all()  # the stream waits for its reader to move on
             return []
-        if ahead and self._start_stream(seg, ahead[0], reader, None):
+        if ahead and stream and self._start_stream(seg, ahead[0], reader, None):
             return []
         return ahead
 
@@ -411,7 +414,7 @@ class ChunkCache:
             self._readers.expect(reader, chunks, self._clock())
 
     def _with_chunk(self, seg: SegmentInfo, index: int, pinned: list[CacheEntry],
-                    reader: ReaderId | None,
+                    reader: ReaderId | None, stream: bool,
                     use: Callable[[CacheEntry, bytes | memoryview | None], T]) -> T:
         """`use(entry, downloaded bytes or None)` on chunk `index`, cached or downloaded now
         (a stored chunk that fails its checks is dropped and fetched again). The chunk's entry
@@ -425,7 +428,8 @@ class ChunkCache:
             keep = False
             try:
                 data: bytes | memoryview | None = None
-                if mine and reader is not None and self._start_stream(seg, index, reader, entry):
+                if mine and stream and reader is not None and (
+                        self._start_stream(seg, index, reader, entry)):
                     assert download is not None  # noqa: S101 - a new entry downloads
                     download.result()  # the stream's first chunk: this one
                 elif mine:

@@ -252,9 +252,10 @@ class ChunkFiles:
     walk order, so the reader's position and read-ahead move as with byte reads."""
 
     def __init__(self, handle: SegmentHandle, reader: ReaderId | None, size: int,
-                 where: str) -> None:
+                 where: str, *, stream: bool) -> None:
         self._handle = handle
         self._reader = reader
+        self._stream = stream
         self.size = size
         self.where = where
         self._files: list[ChunkFile] = []
@@ -269,7 +270,8 @@ class ChunkFiles:
         i = bisect.bisect_right(self._handle.chunk_starts, pos)
         starts = self._handle.chunk_starts
         chunk_end = starts[i] if i < len(starts) else self.size
-        f = self._handle.open_chunk(pos, max(pos + 1, chunk_end - 1), reader=self._reader)
+        f = self._handle.open_chunk(pos, max(pos + 1, chunk_end - 1), reader=self._reader,
+                                    stream=self._stream)
         self.fds.append(f.fd)
         self._files.append(f)
         return f
@@ -399,7 +401,7 @@ class RemoteSegments:
             start = resume[1]
         else:
             start = rs.index.lookup(offset, max_position=seg.size_bytes).position
-        files = ChunkFiles(rs.handle, reader, seg.size_bytes, rs.key)
+        files = ChunkFiles(rs.handle, reader, seg.size_bytes, rs.key, stream=session)
         try:
             span = take_batches(files.headers(start, offset), offset, budget, first, None)
             if span.begin is not None:
@@ -451,7 +453,7 @@ class RemoteSegments:
         start = rs.index.lookup(max(entry.offset, starting), max_position=seg.size_bytes)
 
         def read(begin: int, end: int) -> bytes:
-            return rs.handle.read(begin, end, reader=reader)
+            return rs.handle.read(begin, end, reader=reader, stream=False)
 
         window = Window(read, seg.size_bytes, start.position, rs.handle.chunk_starts, rs.key)
         for h in window.headers(start.position, starting):

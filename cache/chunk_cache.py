@@ -42,11 +42,12 @@ from typing import NamedTuple, TypeVar
 from cache import disk
 from cache.accounting import CacheSettings, plan_trim
 from cache.chunks import chunks_for_range
-from cache.download import Fetcher, Streamer, Verifier, fetch_verified, read_exact
+from cache.download import ByteStream, Fetcher, Streamer, Verifier, fetch_verified
 from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheError, CacheFullError
 from cache.eviction import ChunkId, ChunkView, SegmentSnapshot, make_strategy
 from cache.readers import ReaderId, ReaderTable
+from cache.staging import StagedChunk
 from tiered.errors import CorruptSegmentError, TieredError
 
 __all__ = ["ChunkCache", "ChunkFile", "Fetcher", "ReaderId", "SegmentHandle", "Verifier"]
@@ -77,6 +78,9 @@ class _Stream:
     """A running read-ahead stream: the chunk it is at, and whether its reader closed."""
 
     next_index: int
+    #: what the stream waits on for its reader (over the cache's lock): woken by that
+    #: reader's reads and close only, not by every change in the cache
+    wake: threading.Condition
     cancelled: bool = False
     #: the segment the reader finishes before this one (its first chunk comes meanwhile)
     after: str | None = None
@@ -188,7 +192,8 @@ class ChunkCache:
         #: (reader, segment key) -> the read-ahead stream serving it
         self._streams: dict[tuple[ReaderId, str], _Stream] = {}
         self._stream_threads: set[threading.Thread] = set()
-        self._cond = threading.Condition(threading.RLock())
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._entries: dict[ChunkId, CacheEntry] = {}
         self._by_segment: dict[str, set[ChunkId]] = {}
         self._segments: dict[str, SegmentInfo] = {}
@@ -240,6 +245,7 @@ class ChunkCache:
             for (owner, _segment), stream in self._streams.items():
                 if owner == reader:
                     stream.cancelled = True
+                    stream.wake.notify()
             self._release_holds(self._readers.close(reader))
             self._cond.notify_all()
 
@@ -288,6 +294,8 @@ class ChunkCache:
         with self._cond:
             self._stop.set()
             self._cond.notify_all()
+            for stream in self._streams.values():
+                stream.wake.notify()
             streams = list(self._stream_threads)
         for thread in streams:
             thread.join(timeout=10)
@@ -396,7 +404,9 @@ class ChunkCache:
         self._release_holds(outcome.released)
         ahead = [seg.starts.index(c.start) for c in outcome.prefetch if c not in self._entries]
         if (reader, seg.key) in self._streams:
-            self._cond.notify_all()  # the stream waits for its reader to move on
+            for (owner, _segment), running in self._streams.items():
+                if owner == reader:
+                    running.wake.notify()  # it waits for its reader to move on
             return []
         if ahead and stream and self._start_stream(seg, ahead[0], reader, None):
             return []
@@ -509,7 +519,7 @@ class ChunkCache:
             key = (reader, seg.key)
             if self._stop.is_set() or key in self._streams or len(self._streams) >= _MAX_STREAMS:
                 return False
-            stream = _Stream(index, after=after)
+            stream = _Stream(index, threading.Condition(self._lock), after=after)
             self._streams[key] = stream
             thread = threading.Thread(
                 target=self._stream_chunks, args=(seg, index, reader, first, stream),
@@ -524,7 +534,6 @@ class ChunkCache:
         each chunk verified and stored as its bytes arrive (see the module docstring)."""
         assert self._streamer is not None  # noqa: S101 - _start_stream checks
         body = None
-        buffer = bytearray()
         try:
             try:
                 body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size)
@@ -536,17 +545,14 @@ class ChunkCache:
                 if entry is None:
                     return
                 begin, end = seg.bounds(index)
-                streamed: memoryview | None = None
-                if body is not None:
-                    try:
-                        streamed = read_exact(body, end - begin, buffer)
-                    except Exception as err:
-                        log.warning("read-ahead of %s broke at byte %d (%s); reading chunk by "
-                                    "chunk", seg.key, begin, err)
-                        body.close()
-                        body = None
+                staged: StagedChunk | None = None
                 try:
-                    self._download(seg, index, entry, streamed)
+                    if body is not None:
+                        staged = self._stage(seg, entry, body)
+                        if staged is None:
+                            body.close()
+                            body = None
+                    self._download(seg, index, entry, staged)
                 except TieredError as err:  # the entry's readers got the error
                     log.warning("read-ahead of chunk %s of %s failed: %s", begin, seg.key, err)
                     return
@@ -567,6 +573,25 @@ class ChunkCache:
                     del self._streams[(reader, seg.key)]
                 self._cond.notify_all()
                 self._stream_threads.discard(threading.current_thread())
+
+    def _stage(self, seg: SegmentInfo, entry: CacheEntry, body: ByteStream
+               ) -> StagedChunk | None:
+        """The entry's chunk from the stream, written to its temporary file; None when the
+        stream broke (its error logged; the chunk is then fetched by a ranged GET)."""
+        begin, end = seg.bounds(seg.starts.index(entry.chunk.start))
+        staged = StagedChunk(disk.chunk_path(self.root, entry.chunk), end - begin,
+                             write=self._write)
+        try:
+            staged.fill(body)
+        except CacheError:
+            staged.discard()
+            raise
+        except Exception as err:
+            staged.discard()
+            log.warning("read-ahead of %s broke at byte %d (%s); reading chunk by chunk",
+                        seg.key, begin, err)
+            return None
+        return staged
 
     def _await_stream(self, seg: SegmentInfo, index: int, reader: ReaderId) -> None:
         """A reader about to miss chunk `index` that its own stream is on the way to waits for
@@ -606,7 +631,7 @@ class ChunkCache:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                self._cond.wait(remaining)
+                stream.wake.wait(remaining)
             if chunk in self._entries:
                 return None  # cached by another reader: a later stream starts past it
             try:
@@ -643,35 +668,34 @@ class ChunkCache:
         return disk.read_checked(path, end - begin, crcs, lo, hi)
 
     def _download(self, seg: SegmentInfo, index: int, entry: CacheEntry,
-                  streamed: memoryview | None = None) -> bytes:
+                  staged: StagedChunk | None = None) -> bytes | None:
         """Fetch, verify and store chunk `index` for `entry` (pinned, reserved, registered as
         downloading); on failure the reservation is dropped and waiting readers get the error.
-        `streamed`: the chunk's bytes from a read-ahead stream, checked like a download (and
-        fetched again by a ranged GET if they fail)."""
+        Returns the bytes fetched. `staged`: the chunk already written by a read-ahead stream,
+        checked like a download and moved into place (None returned), or dropped and fetched
+        again by a ranged GET if it fails."""
         begin, end = seg.bounds(index)
-        fetch = self._fetch
-        if streamed is not None:
-            given = [streamed]
-
-            def fetch(key: str, b: int, e: int) -> bytes:
-                # the stream's buffer, not copied: it is reused only after this returns
-                return given.pop() if given else self._fetch(key, b, e)  # type: ignore[return-value]
-
+        data: bytes | None = None
         try:
-            data = fetch_verified(
-                fetch, seg.key, begin, end, seg.verify,
-                attempts=self._download_attempts, on_bytes=self._count_bytes,
-            )
-            try:
-                disk.write_atomically(disk.chunk_path(self.root, entry.chunk), data,
-                                      write=self._write)
-            except CacheFullError:
-                raise
-            except CacheError as err:
-                self.write_problem = str(err)
-                raise
+            crcs = None if staged is None else self._commit_staged(seg, staged, begin)
+            if crcs is None:
+                data = fetch_verified(
+                    self._fetch, seg.key, begin, end, seg.verify,
+                    attempts=self._download_attempts, on_bytes=self._count_bytes,
+                )
+                try:
+                    disk.write_atomically(disk.chunk_path(self.root, entry.chunk), data,
+                                          write=self._write)
+                except CacheFullError:
+                    raise
+                except CacheError as err:
+                    self.write_problem = str(err)
+                    raise
+                crcs = disk.block_crcs(data)
             self.write_problem = None
         except BaseException as err:
+            if staged is not None:
+                staged.discard()
             with self._cond:
                 self._counters["download_errors"] += 1
                 if self._entries.get(entry.chunk) is entry:
@@ -682,7 +706,7 @@ class ChunkCache:
                 self._cond.notify_all()
             raise
         with self._cond:
-            entry.crcs = disk.block_crcs(data)
+            entry.crcs = crcs
             entry.verified = True
             entry.last_access = self._clock()
             assert entry.download is not None
@@ -690,6 +714,24 @@ class ChunkCache:
             entry.download = None
             self._cond.notify_all()
         return data
+
+    def _commit_staged(self, seg: SegmentInfo, staged: StagedChunk, begin: int
+                       ) -> tuple[int, ...] | None:
+        """Verify a streamed chunk in place and move it into the cache: its block CRCs; None
+        (the file dropped) when it fails verification, so a ranged GET fetches it again."""
+        self._count_bytes(staged.size)
+        try:
+            with staged.mapped() as view:
+                if seg.verify is not None:
+                    seg.verify(view, begin)  # type: ignore[arg-type]
+                crcs = disk.block_crcs(view)  # type: ignore[arg-type]
+        except CorruptSegmentError as err:
+            log.warning("streamed chunk %d of %s failed verification (%s); fetching it again",
+                        begin, seg.key, err.reason)
+            staged.discard()
+            return None
+        staged.commit()
+        return crcs
 
     # ------------------------------------------------------------- space and entries
     def _pin(

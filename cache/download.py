@@ -13,7 +13,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 from cache.errors import ChunkDownloadError
 from tiered.errors import CorruptSegmentError, TieredError
 
-__all__ = ["ByteStream", "Fetcher", "Streamer", "Verifier", "fetch_verified", "read_exact"]
+__all__ = ["STREAM_PIECE", "ByteStream", "Fetcher", "Streamer", "Verifier", "fetch_verified"]
 
 #: fetch(object key, begin_inclusive, end_exclusive) -> exactly those bytes
 Fetcher = Callable[[str, int, int], bytes]
@@ -91,20 +91,3 @@ def fetch_verified(
 
 #: bytes asked of a stream per read: small enough that the allocator reuses the pieces' memory
 STREAM_PIECE = 1 << 20
-
-
-def read_exact(stream: ByteStream, n: int, buffer: bytearray) -> memoryview:
-    """The next `n` bytes of `stream`, in `buffer` (grown when too small, reused by the caller
-    for the next chunk: a fresh 16 MiB buffer per chunk costs more in page faults than the
-    copy); EOFError when the stream ends first."""
-    if len(buffer) < n:
-        buffer.extend(bytes(n - len(buffer)))
-    view = memoryview(buffer)
-    pos = 0
-    while pos < n:
-        piece = stream.read(min(STREAM_PIECE, n - pos))
-        if not piece:
-            raise EOFError(f"the stream ended {n - pos} bytes short of {n}")
-        view[pos:pos + len(piece)] = piece
-        pos += len(piece)
-    return view[:n]

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 #: a stored chunk that reads back wrong is discarded and fetched again this many times per read
 _READ_ATTEMPTS = 3
+#: ... and one found gone (evicted by another process sharing the directory) this many times
+_MISSING_ATTEMPTS = 10
 #: a read-ahead stream waits this long for its reader to come near its next chunk, then lets
 #: the connection go (a consumer back from a longer pause starts a new stream)
 _STREAM_IDLE_S = 20.0
@@ -433,7 +435,10 @@ class ChunkCache:
         chunk = seg.chunk_ids[index]
         if reader is not None and self._streams:
             self._await_stream(seg, index, reader)
-        for _ in range(_READ_ATTEMPTS):
+        bad = 0
+        for _ in range(_MISSING_ATTEMPTS):
+            if bad >= _READ_ATTEMPTS:
+                break
             entry, mine, download = self._pin(chunk, seg.bounds(index), prefetch=False)
             keep = False
             try:
@@ -450,9 +455,17 @@ class ChunkCache:
                 keep = True
                 pinned.append(entry)
                 return result
-            except disk.BadFile as bad:
+            except disk.MissingFile:
+                # another process sharing the directory evicted it: fetch it again
+                log.debug("cached chunk %s of %s is gone, fetching again", chunk.start,
+                          chunk.segment)
+                with self._cond:
+                    if self._entries.get(chunk) is entry:
+                        self._remove(entry)
+            except disk.BadFile as problem:
+                bad += 1
                 log.warning("cached chunk %s of %s is bad, fetching again: %s",
-                            chunk.start, chunk.segment, bad)
+                            chunk.start, chunk.segment, problem)
                 with self._cond:
                     self._counters["corrupt_discarded"] += 1
                     if self._entries.get(chunk) is entry:
@@ -460,6 +473,9 @@ class ChunkCache:
             finally:
                 if not keep:
                     self._unpin(entry)
+        if bad < _READ_ATTEMPTS:
+            raise CacheError(f"chunk at byte {seg.bounds(index)[0]} of {seg.key} kept being "
+                             "removed (by other processes sharing the cache directory?)")
         raise CorruptSegmentError(
             f"chunk kept failing its checks after {_READ_ATTEMPTS} reads",
             path=seg.key, position=seg.bounds(index)[0],
@@ -479,7 +495,7 @@ class ChunkCache:
         try:
             fd = os.open(disk.chunk_path(self.root, entry.chunk), os.O_RDONLY)
         except FileNotFoundError as err:
-            raise disk.BadFile("file is missing") from err
+            raise disk.MissingFile("file is missing") from err
         except OSError as err:
             raise CacheError(f"cannot open cached chunk of {seg.key}: {err}") from err
         size = os.fstat(fd).st_size
@@ -653,7 +669,7 @@ class ChunkCache:
             try:
                 data = path.read_bytes()
             except FileNotFoundError as err:
-                raise disk.BadFile("file is missing") from err
+                raise disk.MissingFile("file is missing") from err
             except OSError as err:
                 raise CacheError(f"cannot read cached chunk of {seg.key}: {err}") from err
             if len(data) != end - begin:

@@ -16,6 +16,7 @@ import contextlib
 import errno
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ __all__ = [
     "BLOCK",
     "INDEX_NAME",
     "DiskEntry",
+    "MissingFile",
     "Writer",
     "block_crcs",
     "check_key",
     "chunk_path",
+    "create_beside",
     "load_entries",
     "read_checked",
     "remove_file",
@@ -48,6 +51,12 @@ TMP_MARK = ".tmp-"
 CHUNKS_SUFFIX = "_chunks"
 #: bytes covered by one stored checksum
 BLOCK = 1024 * 1024
+#: a temporary file older than this (seconds) is a crash's leftover; a younger one may be
+#: another process's write in progress (processes on one host share the cache directory)
+TMP_STALE_S = 600.0
+#: attempts to create a file whose directory another process removed meanwhile (it deletes
+#: chunk directories it finds empty)
+_CREATE_ATTEMPTS = 3
 
 #: `os.write`-shaped function, injectable so tests can simulate a full disk
 Writer = Callable[[int, memoryview], int]
@@ -66,6 +75,10 @@ class DiskEntry:
 
 class BadFile(Exception):
     """A cached file is missing, of the wrong size or fails a block checksum."""
+
+
+class MissingFile(BadFile):
+    """A cached file is gone: usually another process sharing the directory evicted it."""
 
 
 def block_crcs(data: bytes) -> tuple[int, ...]:
@@ -88,7 +101,7 @@ def read_checked(path: Path, size: int, crcs: Sequence[int], begin: int, end: in
             f.seek(first * BLOCK)
             data = f.read(min(size, (last + 1) * BLOCK) - first * BLOCK)
     except FileNotFoundError as err:
-        raise BadFile("file is missing") from err
+        raise MissingFile("file is missing") from err
     except OSError as err:
         raise CacheError(f"cannot read cached file {path}: {err}") from err
     view = memoryview(data)
@@ -145,22 +158,38 @@ def ensure_writable(root: Path) -> None:
         ) from err
 
 
+def create_beside(path: Path, mode: int = os.O_WRONLY) -> tuple[Path, int]:
+    """A new temporary file beside `path` (its directory created as needed), open with `mode`:
+    its path and descriptor. Another process may remove the directory, found empty, between
+    the two steps: that is retried."""
+    tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex}")
+    for attempt in range(_CREATE_ATTEMPTS):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return tmp, os.open(tmp, mode | os.O_CREAT | os.O_EXCL, 0o644)
+        except (FileNotFoundError, FileExistsError):
+            # removed between our mkdir and open, or between mkdir's "exists" and its check
+            if attempt == _CREATE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def write_atomically(path: Path, data: bytes, *, write: Writer = os.write) -> None:
     """Write `data` to `path` so that readers see either no file or all of it. A full disk
     raises CacheFullError and any other OS error CacheError; the temporary file is removed
     either way, so nothing partial stays behind."""
-    tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex}")
+    tmp: Path | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        tmp, fd = create_beside(path)
         try:
             _write_all(fd, data, write)
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise CacheFullError(
                 f"cache disk is full writing {path} ({len(data)} bytes): {err.strerror}"
@@ -230,7 +259,7 @@ def load_entries(root: Path) -> list[DiskEntry]:
         for name in filenames:
             path = Path(dirpath) / name
             if TMP_MARK in name:
-                remove_file(path)
+                _remove_if_stale(path)
                 continue
             relative = path.relative_to(root).as_posix()
             if relative == INDEX_NAME:
@@ -244,7 +273,16 @@ def load_entries(root: Path) -> list[DiskEntry]:
                 entries.append(DiskEntry(_chunk_of(relative), st.st_size, known[1], known[2]))
             else:
                 entries.append(DiskEntry(_chunk_of(relative), st.st_size, st.st_mtime))
-        if Path(dirpath) != root and not os.listdir(dirpath):
-            with contextlib.suppress(OSError):
+        if Path(dirpath) != root:
+            with contextlib.suppress(OSError):  # gone, or not empty: another process's
                 os.rmdir(dirpath)
     return entries
+
+
+def _remove_if_stale(path: Path) -> None:
+    """Remove a temporary file left by a crash, not one another process is writing."""
+    try:
+        if time.time() - path.stat().st_mtime > TMP_STALE_S:
+            path.unlink()
+    except FileNotFoundError:
+        pass

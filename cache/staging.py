@@ -12,11 +12,10 @@ import contextlib
 import errno
 import mmap
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from cache.disk import TMP_MARK, Writer
+from cache.disk import Writer, create_beside
 from cache.download import STREAM_PIECE, ByteStream
 from cache.errors import CacheError, CacheFullError
 
@@ -30,12 +29,11 @@ class StagedChunk:
         self.path = path
         self.size = size
         self._write = write
-        self._tmp = path.with_name(f"{path.name}{TMP_MARK}{uuid.uuid4().hex}")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd: int | None = os.open(self._tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            self._tmp, fd = create_beside(path, os.O_RDWR)
         except OSError as err:
             raise _error(path, size, err) from err
+        self._fd: int | None = fd
 
     def fill(self, stream: ByteStream) -> None:
         """Copy the next `size` bytes of `stream` into the file. EOFError when the stream ends

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from cache_fakes import Fetcher, layout, make_segment, verifier
 from cache.accounting import CacheSettings
 from cache.chunk_cache import ChunkCache
 from cache.chunks import chunks_for_range
+from cache.disk import TMP_STALE_S
 from cache.errors import CacheError
 
 KEY = "ab12cd34/kafka/orders/0_7/0-255-1.log"
@@ -230,8 +232,14 @@ def test_the_cache_survives_a_restart(tmp_path: Path, data: bytes) -> None:
         before = cache.stats()
     leftover = tmp_path / "cache" / f"{KEY}_chunks" / f"{starts[5]}.tmp-deadbeef"
     leftover.write_bytes(b"half a chunk")  # what a crash mid-write leaves
+    stale = time.time() - TMP_STALE_S - 1
+    os.utime(leftover, (stale, stale))
+    # a fresh one may be another process's write in progress: it stays
+    writing = tmp_path / "cache" / f"{KEY}_chunks" / f"{starts[6]}.tmp-cafebabe"
+    writing.write_bytes(b"being written")
     with open_cache(tmp_path, fetch, strategy="lru") as cache:
         assert not leftover.exists()
+        assert writing.exists()
         after = cache.stats()
         assert (after["size_bytes"], after["objects"]) == (before["size_bytes"], 3)
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))

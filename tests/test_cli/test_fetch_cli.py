@@ -7,10 +7,12 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from support.processes import child_env, tiered_command
 from support.remote import TOPIC, LogImage, record_timestamp, template
 
 from manifests import keys
@@ -153,3 +155,22 @@ def test_fetch_from_a_bucket_that_does_not_exist_says_so(tmp_path: Path,
     (tmp_path / "logs").mkdir()
     result = fetch(config, "--partition", "0", "--offset", "0")
     assert result.exit_code != 0 and "bucket does not exist" in result.stderr, result.stderr
+
+
+def test_several_fetch_processes_share_one_cache_directory(
+        config_file: Path, remote_template: tuple[Path, LogImage, int]) -> None:
+    """`tiered fetch` runs at once on one `[cache] dir`: each walks, trims and writes it while
+    the others do; every one answers with the right bytes."""
+    _base, image, end = remote_template
+    jobs = []
+    for n in range(6):
+        offset = (n * 37) % end
+        argv = tiered_command("-q", "fetch", "--config", str(config_file), "--topic", TOPIC,
+                              "--partition", "0", "--offset", str(offset), "--max-bytes",
+                              "4000", "--format", "raw")
+        jobs.append((offset, subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, env=child_env())))
+    for offset, proc in jobs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert out == image.expected(offset, 4000)

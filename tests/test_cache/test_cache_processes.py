@@ -81,7 +81,7 @@ def test_a_write_whose_directory_another_process_removed_is_retried(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "seg.log_chunks" / "0"
     real_open = os.open
-    calls = []
+    calls: list[object] = []
 
     def open_after_a_cleanup(path: str | os.PathLike[str], flags: int, mode: int = 0o777,
                              **kw: object) -> int:

@@ -672,8 +672,5 @@ def _make_cache(config: Config, store: ObjectStore) -> ChunkCache:
 
     settings = CacheSettings.from_cluster(config.cluster)
 
-    def fetch(key: str, begin: int, end: int) -> bytes:
-        return store.get(key, byte_range=(begin, end))
-
-    return ChunkCache(config.cache_dir, settings, fetch, strategy=settings.eviction_strategy,
-                      stream=store.open_range)
+    return ChunkCache(config.cache_dir, settings, store.read_range,
+                      strategy=settings.eviction_strategy, stream=store.open_range)

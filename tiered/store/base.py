@@ -149,6 +149,11 @@ class ObjectStore(abc.ABC):
 
         Raises `ObjectNotFound`. A range past the end returns what exists (possibly b"")."""
 
+    def read_range(self, key: str, begin: int, end: int) -> bytes:
+        """Bytes `[begin, end)` of `key`, without the version (`get` without the `Blob`: a
+        backend may then hand over what it read without copying it). Errors as `get`."""
+        return self.get(key, (begin, end))
+
     def open_range(self, key: str, begin: int, end: int) -> RangeStream:
         """Bytes `[begin, end)` of `key` as a stream read as it arrives: one request for a long
         sequential read (the read cache's read-ahead fills chunk after chunk from it) where

@@ -266,6 +266,9 @@ class ProbingStore(ObjectStore):
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         return self.inner.get(key, byte_range)
 
+    def read_range(self, key: str, begin: int, end: int) -> bytes:
+        return self.inner.read_range(key, begin, end)
+
     def open_range(self, key: str, begin: int, end: int) -> RangeStream:
         return self.inner.open_range(key, begin, end)
 

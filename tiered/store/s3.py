@@ -369,6 +369,14 @@ class S3Store(ObjectStore):
     # -- reads -----------------------------------------------------------------------------
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+        data, etag = self._get(key, byte_range)
+        return data if isinstance(data, Blob) else Blob(data, etag)
+
+    def read_range(self, key: str, begin: int, end: int) -> bytes:
+        # the body as botocore read it: wrapping it in a Blob would copy it once more
+        return self._get(key, (begin, end))[0]
+
+    def _get(self, key: str, byte_range: tuple[int, int] | None) -> tuple[bytes, str]:
         full = self._full(key)
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": full}
         if byte_range is not None:
@@ -376,28 +384,28 @@ class S3Store(ObjectStore):
             if begin < 0 or end < begin:
                 raise ValueError(f"get {self._where(key)}: bad byte range [{begin}, {end})")
             if end == begin:  # an empty range still tells a missing key apart
-                return Blob(b"", self.head(key).etag)
+                return b"", self.head(key).etag
             kwargs["Range"] = f"bytes={begin}-{end - 1}"
 
-        def fetch() -> Blob:
+        def fetch() -> tuple[bytes, str]:
             try:
                 resp = self._client.get_object(**kwargs)
             except botocore.exceptions.ClientError as exc:
                 code, status = error_code(exc)
                 if byte_range is not None and (code == "InvalidRange" or status == 416):
                     # the range starts at or past the end
-                    return Blob(b"", self.head(key).etag)
+                    return b"", self.head(key).etag
                 raise
             body = resp["Body"]
             try:
                 # StreamingBody.read checks Content-Length and raises IncompleteReadError
-                return Blob(body.read(), _strip_etag(resp.get("ETag")))
+                return body.read(), _strip_etag(resp.get("ETag"))
             finally:
                 body.close()
 
-        blob = self._call("get", key, fetch)
-        self.stats.add(bytes_read=len(blob))
-        return blob
+        data, etag = self._call("get", key, fetch)
+        self.stats.add(bytes_read=len(data))
+        return data, etag
 
     def open_range(self, key: str, begin: int, end: int) -> RangeStream:
         if begin < 0 or end <= begin:

@@ -108,20 +108,21 @@ class SegmentHandle:
         return self._segment.starts
 
     def read(self, begin: int, end: int, *, reader: ReaderId | None = None,
-             stream: bool = True) -> bytes:
+             session: bool = True) -> bytes:
         """Bytes [begin, end) of the segment, downloading the chunks that cover them if they are
         not cached. `reader` names a consumer session so its position is held between reads,
         sequential reading is detected (read-ahead) and the predictive strategy learns its
-        needs; None reads once without holding anything afterwards."""
-        return self._cache._read(self._segment, begin, end, reader, stream)
+        needs; None reads once without holding anything afterwards. `session` False: the
+        reader is one fetch, not a consumer session, so nothing is read ahead for it."""
+        return self._cache._read(self._segment, begin, end, reader, session)
 
     def open_chunk(self, position: int, end: int, *, reader: ReaderId | None = None,
-                   stream: bool = True) -> ChunkFile:
+                   session: bool = True) -> ChunkFile:
         """The chunk holding byte `position`, verified and open for reading (downloaded first
         when not cached), for a read of bytes [position, end) that continues past it when
         `end` is beyond the chunk. The descriptor keeps the file readable even if the cache
         evicts it; the caller closes it. `reader` as in `read`."""
-        return self._cache._open_chunk(self._segment, position, end, reader, stream)
+        return self._cache._open_chunk(self._segment, position, end, reader, session)
 
     def expect(self, reader: ReaderId, begin: int, end: int) -> None:
         """Register that `reader` will read bytes [begin, end) next (predictive eviction)."""
@@ -323,30 +324,30 @@ class ChunkCache:
 
     # ---------------------------------------------------------------------- reading
     def _read(self, seg: SegmentInfo, begin: int, end: int, reader: ReaderId | None,
-              stream: bool) -> bytes:
+              session: bool) -> bytes:
         self._check_range(seg, begin, end)
 
         def piece(index: int, pinned: list[CacheEntry]) -> bytes:
             chunk_begin, chunk_end = seg.bounds(index)
             lo, hi = max(begin, chunk_begin) - chunk_begin, min(end, chunk_end) - chunk_begin
-            return self._with_chunk(seg, index, pinned, reader, stream, lambda entry, data: (
+            return self._with_chunk(seg, index, pinned, reader, session, lambda entry, data: (
                 self._load(seg, index, entry, lo, hi) if data is None else bytes(data[lo:hi])))
 
         return b"".join(self._visit(seg, chunks_for_range(seg.starts, begin, end), end,
-                                    reader, stream, piece))
+                                    reader, session, piece))
 
     def _open_chunk(self, seg: SegmentInfo, position: int, end: int,
-                    reader: ReaderId | None, stream: bool) -> ChunkFile:
+                    reader: ReaderId | None, session: bool) -> ChunkFile:
         self._check_range(seg, position, end)
         indices = chunks_for_range(seg.starts, position, max(end, position + 1))
         index = indices[0]
 
         def opened(index: int, pinned: list[CacheEntry]) -> int:
-            return self._with_chunk(seg, index, pinned, reader, stream,
+            return self._with_chunk(seg, index, pinned, reader, session,
                                     lambda entry, _data: self._open_verified(seg, index, entry))
 
         fd = self._visit(seg, range(index, index + 1), min(end, seg.bounds(index)[1]), reader,
-                         stream, opened)[0]
+                         session, opened)[0]
         return ChunkFile(fd, *seg.bounds(index))
 
     def _check_range(self, seg: SegmentInfo, begin: int, end: int) -> None:
@@ -356,10 +357,10 @@ class ChunkCache:
             )
 
     def _visit(self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId | None,
-               stream: bool, get: Callable[[int, list[CacheEntry]], T]) -> list[T]:
+               session: bool, get: Callable[[int, list[CacheEntry]], T]) -> list[T]:
         """`get(index, pinned)` for each chunk of a read of `seg` ending at byte `end`, then
-        the reader's position, holds and read-ahead updated (see `_after_read`; `stream`: the
-        reader is a consumer session, which read-ahead may serve with a stream)."""
+        the reader's position, holds and read-ahead updated (see `_after_read`; `session`: the
+        reader is a consumer session, the only kind read-ahead serves)."""
         parts: list[T] = []
         ahead: list[int] = []
         # the last chunk read stays pinned until the reader's holds are registered, in the
@@ -377,7 +378,7 @@ class ChunkCache:
                 self._segments.setdefault(seg.key, seg)
                 try:
                     if reader is not None and indices and len(parts) == len(indices):
-                        ahead = self._after_read(seg, indices, end, reader, stream)
+                        ahead = self._after_read(seg, indices, end, reader, session)
                 finally:  # a pin left behind would keep the chunk from ever being evicted
                     for entry in pinned:
                         self._unpin(entry)
@@ -394,7 +395,7 @@ class ChunkCache:
         return parts
 
     def _after_read(
-        self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId, stream: bool = True
+        self, seg: SegmentInfo, indices: range, end: int, reader: ReaderId, session: bool = True
     ) -> list[int]:
         """Update the reader's position and holds; the chunk indices to prefetch for it."""
         last = indices[-1]
@@ -410,7 +411,9 @@ class ChunkCache:
                 if owner == reader:
                     running.wake.notify()  # it waits for its reader to move on
             return []
-        if ahead and stream and self._start_stream(seg, ahead[0], reader, None):
+        if not session:  # a one-off read (no consumer session) reads nothing ahead
+            return []
+        if ahead and self._start_stream(seg, ahead[0], reader, None):
             return []
         return ahead
 
@@ -426,7 +429,7 @@ class ChunkCache:
             self._readers.expect(reader, chunks, self._clock())
 
     def _with_chunk(self, seg: SegmentInfo, index: int, pinned: list[CacheEntry],
-                    reader: ReaderId | None, stream: bool,
+                    reader: ReaderId | None, session: bool,
                     use: Callable[[CacheEntry, bytes | memoryview | None], T]) -> T:
         """`use(entry, downloaded bytes or None)` on chunk `index`, cached or downloaded now
         (a stored chunk that fails its checks is dropped and fetched again). The chunk's entry
@@ -443,7 +446,7 @@ class ChunkCache:
             keep = False
             try:
                 data: bytes | memoryview | None = None
-                if mine and stream and reader is not None and (
+                if mine and session and reader is not None and (
                         self._start_stream(seg, index, reader, entry)):
                     assert download is not None  # noqa: S101 - a new entry downloads
                     download.result()  # the stream's first chunk: this one

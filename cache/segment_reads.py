@@ -252,10 +252,10 @@ class ChunkFiles:
     walk order, so the reader's position and read-ahead move as with byte reads."""
 
     def __init__(self, handle: SegmentHandle, reader: ReaderId | None, size: int,
-                 where: str, *, stream: bool) -> None:
+                 where: str, *, session: bool) -> None:
         self._handle = handle
         self._reader = reader
-        self._stream = stream
+        self._session = session
         self.size = size
         self.where = where
         self._files: list[ChunkFile] = []
@@ -271,7 +271,7 @@ class ChunkFiles:
         starts = self._handle.chunk_starts
         chunk_end = starts[i] if i < len(starts) else self.size
         f = self._handle.open_chunk(pos, max(pos + 1, chunk_end - 1), reader=self._reader,
-                                    stream=self._stream)
+                                    session=self._session)
         self.fds.append(f.fd)
         self._files.append(f)
         return f
@@ -401,7 +401,7 @@ class RemoteSegments:
             start = resume[1]
         else:
             start = rs.index.lookup(offset, max_position=seg.size_bytes).position
-        files = ChunkFiles(rs.handle, reader, seg.size_bytes, rs.key, stream=session)
+        files = ChunkFiles(rs.handle, reader, seg.size_bytes, rs.key, session=session)
         try:
             span = take_batches(files.headers(start, offset), offset, budget, first, None)
             if span.begin is not None:
@@ -453,7 +453,7 @@ class RemoteSegments:
         start = rs.index.lookup(max(entry.offset, starting), max_position=seg.size_bytes)
 
         def read(begin: int, end: int) -> bytes:
-            return rs.handle.read(begin, end, reader=reader, stream=False)
+            return rs.handle.read(begin, end, reader=reader, session=False)
 
         window = Window(read, seg.size_bytes, start.position, rs.handle.chunk_starts, rs.key)
         for h in window.headers(start.position, starting):

@@ -32,6 +32,7 @@ from support.remote import (
     revision,
     write_log,
 )
+from support.waiting import wait_until
 
 from cache.reader import InvalidRequest, Reader, RemoteReadDisabled, UnknownPartition
 from manifests import keys
@@ -476,3 +477,20 @@ def test_the_read_paths_store_requests_are_counted_with_bytes_and_latency(
     assert operations > 0 and latencies == operations
     assert after["bytes_read"] - before["bytes_read"] >= served
     assert after["errors"] == before["errors"]
+
+
+def test_a_one_off_fetch_reads_nothing_ahead(tmp_path: Path, file_store: ObjectStore) -> None:
+    """Read-ahead serves consumer sessions: a fetch without one (a `tiered fetch`, an HTTP
+    request without `consumer`) downloads the chunks it reads and nothing more."""
+    fx = archived_partition(tmp_path, file_store, batches=80, cluster={
+        "cloud_storage_chunk_prefetch": 3, "cloud_storage_cache_chunk_size": 1024})
+    drop_local_segments(fx.config)
+    with fx.reader() as reader:
+        got = reader.fetch(TOPIC, 0, 0, 3000)
+        assert got.data == fx.image.expected(0, 3000)
+        stats = reader.cache.stats()
+        assert stats["prefetches"] == 0
+        assert stats["bytes_downloaded"] < 3 * 3000
+        session = reader.fetch(TOPIC, 0, 0, 3000, reader_id="c")
+        assert session.data == got.data
+        wait_until(lambda: reader.cache.stats()["prefetches"] > 0, "a session's read-ahead")

@@ -303,3 +303,16 @@ def test_read_ahead_on_the_caches_own_threads(tmp_path: Path, data: bytes) -> No
         assert seg.read(starts[2], starts[4] + 5, reader="c") == data[starts[2] : starts[4] + 5]
         assert cache.stats()["hits"] >= 3
         assert all(c[1] > starts[4] for c in fetch.calls[calls:])
+
+
+def test_a_reader_that_is_not_a_session_reads_nothing_ahead(tmp_path: Path,
+                                                           data: bytes) -> None:
+    fetch = Fetcher({KEY: data})
+    cache = open_cache(tmp_path, fetch, settings=settings(chunk_prefetch=2),
+                       strategy="eager", prefetch_executor=Inline())
+    starts = layout(data, CHUNK)
+    seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+    seg.read(0, 100, reader="once", session=False)
+    seg.read(100, starts[1] + 10, reader="once", session=False)  # sequential, yet no prefetch
+    assert [c[1] for c in fetch.calls] == starts[:2]
+    assert cache.stats()["prefetches"] == 0

@@ -53,28 +53,19 @@ from tiered.kafka.log_writer import LogWriter, write_high_watermarks
 from tiered.kafka.records import Record
 from tiered.kafka.segment import Segment
 from tiered.store import S3Store
-from tiered.store.base import Blob, ObjectInfo, ObjectStore, RangeStream, StoreSettings
+from tiered.store.base import (
+    Blob,
+    CountedStream,
+    ObjectInfo,
+    ObjectStore,
+    RangeStream,
+    StoreSettings,
+)
 
 TOPIC = "bench"
 BUCKET = "remote-read-bench"
 RECORDS_PER_BATCH = 16
 RECORD_BYTES = 4096
-
-
-class _CountedStream:
-    """A streamed segment range whose bytes count as segment bytes as they are read."""
-
-    def __init__(self, store: CountingStore, inner: RangeStream) -> None:
-        self.store = store
-        self.inner = inner
-
-    def read(self, n: int = -1, /) -> bytes:
-        data = self.inner.read(n)
-        self.store.segment_bytes += len(data)
-        return data
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class CountingStore(ObjectStore):
@@ -98,7 +89,10 @@ class CountingStore(ObjectStore):
 
     def open_range(self, key: str, begin: int, end: int) -> RangeStream:
         self.requests += 1
-        return _CountedStream(self, self.inner.open_range(key, begin, end))
+        def count(n: int) -> None:
+            self.segment_bytes += n
+
+        return CountedStream(self.inner.open_range(key, begin, end), count)
 
     def head(self, key: str) -> ObjectInfo:
         self.requests += 1

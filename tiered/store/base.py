@@ -102,6 +102,22 @@ class RangeStream(Protocol):
     def close(self) -> None: ...
 
 
+class CountedStream:
+    """A `RangeStream` that reports the size of every read to `on_bytes` (byte counters)."""
+
+    def __init__(self, body: RangeStream, on_bytes: Callable[[int], None]) -> None:
+        self._body = body
+        self._on_bytes = on_bytes
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._body.read(n)
+        self._on_bytes(len(data))
+        return data
+
+    def close(self) -> None:
+        self._body.close()
+
+
 class ObjectStore(abc.ABC):
     """A bucket (or directory) of immutable-ish objects addressed by key."""
 

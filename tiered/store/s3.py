@@ -26,6 +26,7 @@ from tiered.errors import ConfigError
 from tiered.store.base import (
     UNCONDITIONAL,
     Blob,
+    CountedStream,
     ObjectInfo,
     ObjectStore,
     RangeStream,
@@ -422,7 +423,9 @@ class S3Store(ObjectStore):
             body: RangeStream = self._client.get_object(**kwargs)["Body"]
             return body
 
-        return _CountedStream(self._call("get", key, fetch), self.stats)
+        stats = self.stats
+        return CountedStream(self._call("get", key, fetch),
+                             lambda n: stats.add(bytes_read=n))
 
     def head(self, key: str) -> ObjectInfo:
         full = self._full(key)
@@ -539,22 +542,6 @@ class _S3Multipart:
         except StoreError as exc:
             # the bucket's lifecycle rule for incomplete uploads is the backstop
             log.warning("could not abort multipart upload of %s: %s", s._where(self.key), exc)
-
-
-class _CountedStream:
-    """A streamed GET whose bytes count in the store's `bytes_read` as they are read."""
-
-    def __init__(self, body: RangeStream, stats: RetryStats) -> None:
-        self._body = body
-        self._stats = stats
-
-    def read(self, n: int = -1, /) -> bytes:
-        data = self._body.read(n)
-        self._stats.add(bytes_read=len(data))
-        return data
-
-    def close(self) -> None:
-        self._body.close()
 
 
 def _crc32c_b64(body: bytes | FileRange) -> str:

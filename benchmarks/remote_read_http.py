@@ -3,10 +3,11 @@ give in the same run (`python benchmarks/remote_read.py http`).
 
 Set-up: a moto_server child process; partition 0 of a topic holds `--segments` closed segments
 of `--segment-mb` MiB (incompressible 64 KiB batches) archived into the bucket by the real
-archiver and deleted locally, plus a small active segment; partition 1 holds one archived
-segment and a `--big-active-mb` MiB active segment whose `.index` is empty (the case that used
-to cost a scan per fetch). A real `tiered run` child process serves
-`GET /v1/topics/T/partitions/P/records` with `cloud_storage_chunk_prefetch = --prefetch`.
+archiver and deleted locally, plus a small active segment; partitions 1 and 2 hold one
+archived segment each and an active segment of 16 MiB (1) or `--big-active-mb` MiB whose
+`.index` is empty (2: the case that used to cost a scan per fetch). A real `tiered run` child
+process serves `GET /v1/topics/T/partitions/P/records` with `cloud_storage_chunk_prefetch =
+--prefetch`.
 
 Measures (MB/s are 10**6 bytes per second; every byte read is compared with the log):
 * sequential: one consumer session reads a segment start to end in 1 MiB fetches over one
@@ -15,11 +16,12 @@ Measures (MB/s are 10**6 bytes per second; every byte read is compared with the 
 * concurrent: 8 consumer sessions at once, one segment each; baseline: 8 boto3 threads reading
   the same 8 objects in chunk-sized ranged GETs.
 * warm: the same 1 MiB fetch again (chunk cached), median latency; baseline: a minimal
-  keep-alive HTTP server (http.server in its own process) returning the same bytes.
+  keep-alive HTTP server (http.server in its own process) returning the same bytes, the two
+  requests alternating. Both through http.client.
 * cold: a 1 MiB fetch of a chunk nobody read yet (empty cache for it), median; baseline: a
   boto3 GET of one chunk-sized range of the same object.
-* active segment: warm fetch latency of archived offsets of partition 1 (big active segment,
-  empty index) over partition 0's (small active segment).
+* active segment: warm fetch latency of archived offsets of partition 2 (big active segment,
+  empty index) over partition 1's (16 MiB active segment), interleaved.
 
 moto reads the whole object for every GET, ranged or not (a 1 MiB range of a 64 MiB object
 costs about what the whole object does). Each figure therefore compares like with like where it
@@ -64,6 +66,8 @@ BUCKET = "remote-read-http"
 RECORDS_PER_BATCH = 16
 RECORD_BYTES = 4096
 FETCH = 1 << 20
+#: the active segment of the partition the big one is compared with
+SMALL_ACTIVE = 16 * MIB
 #: sequential runs (one segment each); the report gives their medians
 SEQUENTIAL_RUNS = 3
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -158,6 +162,17 @@ class Daemon:
     @staticmethod
     def tail(log_path: Path) -> str:
         return log_path.read_text(errors="replace")[-2000:]
+
+    def settle(self, timeout_s: float = 60.0) -> float:
+        """Wait until the daemon's start-up work (probe, first archiver passes, manifest loads)
+        is over: under 5% of a core for a second. Returns the seconds waited."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            before = self.cpu_s()
+            time.sleep(1.0)
+            if self.cpu_s() - before < 0.05:
+                break
+        return round(time.monotonic() - start, 1)
 
     def cpu_s(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -311,9 +326,11 @@ class Run:
         seg = self.args.segment_mb * MIB
         progress(f"writing {self.args.segments} x {self.args.segment_mb} MiB segments")
         p0, end0 = write_partition(logs, 0, [seg] * self.args.segments, 64 * 1024, False)
-        p1, end1 = write_partition(logs, 1, [seg], self.args.big_active_mb * MIB, True)
+        p1, end1 = write_partition(logs, 1, [seg], SMALL_ACTIVE, False)
+        p2, end2 = write_partition(logs, 2, [seg], self.args.big_active_mb * MIB, True)
         write_high_watermarks(logs, {TopicPartition(TOPIC, 0): end0,
-                                     TopicPartition(TOPIC, 1): end1}, fsync=False)
+                                     TopicPartition(TOPIC, 1): end1,
+                                     TopicPartition(TOPIC, 2): end2}, fsync=False)
         progress("archiving them")
         (self.work / "tiered.toml").write_text(
             config_text(self.work, self.moto.endpoint, self.args.prefetch, self.chunk,
@@ -336,7 +353,7 @@ class Run:
         store.close()
         truth = self.work / "truth"
         truth.mkdir()
-        for partition, paths in ((0, p0), (1, p1)):
+        for partition, paths in ((0, p0), (1, p1), (2, p2)):
             for path in paths:
                 base = int(path.stem)
                 copy = truth / f"{partition}-{base}.log"
@@ -446,6 +463,7 @@ def run_http(argv: list[str]) -> dict[str, Any]:
             run = Run(args, work, moto)
             run.prepare()
             daemon = Daemon(work / "tiered.toml", work / "daemon.log")
+            progress(f"daemon settled after {daemon.settle()} s")
             try:
                 report.update(measure(run, daemon, args))
             finally:
@@ -485,8 +503,9 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
         body, _next = consumer.fetch(offset)
         cold.append(time.perf_counter() - t)
         consumer.close()
-        run.check(0, last_segment[0], (offset - last_segment[0]) // RECORDS_PER_BATCH * batch,
-                  body)
+        position = (offset - last_segment[0]) // RECORDS_PER_BATCH * batch
+        # the answer may run on into the local log after the last archived segment
+        run.check(0, last_segment[0], position, body[:last_segment[2] - position])
         t = time.perf_counter()
         run.client.get_object(Bucket=BUCKET, Key=last_segment[3],
                               Range=f"bytes={begin}-{begin + run.chunk - 1}")["Body"].read()
@@ -496,32 +515,30 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
 
     progress("warm 1 MiB fetches")
     consumer = Consumer(daemon.port, "warm")  # a session: its chunk stays held between fetches
-    consumer.fetch(seg0[0])
-    warm = []
-    for _ in range(args.trials * 10):
-        t = time.perf_counter()
-        body, _next = consumer.fetch(seg0[0])
-        warm.append(time.perf_counter() - t)
-    consumer.close()
+    body, _next = consumer.fetch(seg0[0])
     proc, port = minimal_server(len(body))
+    warm, minimal = [], []
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port)
-        minimal = []
-        for _ in range(args.trials * 10):
+        for _ in range(args.trials * 40):  # interleaved, so a passing disturbance hits both
+            t = time.perf_counter()
+            consumer.fetch(seg0[0])
+            warm.append(time.perf_counter() - t)
             t = time.perf_counter()
             conn.request("GET", "/")
             conn.getresponse().read()
             minimal.append(time.perf_counter() - t)
         conn.close()
     finally:
+        consumer.close()
         proc.terminate()
         proc.wait()
     out["warm"] = {"tiered_ms": median_ms(warm), "minimal_http_server_ms": median_ms(minimal),
                    "ratio": ratio(statistics.median(warm), statistics.median(minimal))}
 
     progress("active segment: small vs big with an empty index")
-    lat: dict[int, list[float]] = {0: [], 1: []}
-    consumers = {p: Consumer(daemon.port, f"active{p}", p) for p in (0, 1)}
+    lat: dict[int, list[float]] = {1: [], 2: []}
+    consumers = {p: Consumer(daemon.port, f"active{p}", p) for p in (1, 2)}
     for consumer in consumers.values():
         consumer.fetch(0)
     for _ in range(args.trials * 20):  # interleaved, so a passing disturbance hits both
@@ -532,9 +549,10 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
     for consumer in consumers.values():
         consumer.close()
     out["active_segment"] = {
-        "small_active_ms": median_ms(lat[0]), "big_active_empty_index_ms": median_ms(lat[1]),
+        "small_active_ms": median_ms(lat[1]), "small_active_bytes": SMALL_ACTIVE,
+        "big_active_empty_index_ms": median_ms(lat[2]),
         "big_active_bytes": args.big_active_mb * MIB,
-        "ratio": ratio(statistics.median(lat[1]), statistics.median(lat[0]))}
+        "ratio": ratio(statistics.median(lat[2]), statistics.median(lat[1]))}
 
     progress("sequential consumer")
     runs: list[dict[str, float]] = []

@@ -48,3 +48,24 @@ def test_remote_read_benchmark_reports_every_contender() -> None:
     assert seq["readahead"]["segment_bytes_downloaded"] == size
     assert seq["readahead"]["prefetches"] > 0
     assert set(report["ratios"]) >= {"whole_segment_bytes_over_chunks", "readahead_speedup"}
+
+
+@pytest.mark.timeout(300)
+def test_remote_read_http_benchmark_reports_every_figure() -> None:
+    """`remote_read.py http`: a real `tiered run` serving the records endpoint, tiny sizes."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "remote_read.py"), "http", "--segment-mb",
+         "3", "--segments", "6", "--chunk-mb", "1", "--prefetch", "2", "--big-active-mb", "4",
+         "--trials", "2"],
+        capture_output=True, text=True, env=env, timeout=280, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["benchmark"] == "remote_read http"
+    for name in ("cold", "warm", "active_segment", "sequential", "concurrent"):
+        assert report[name]["ratio"] is not None and report[name]["ratio"] > 0, name
+    assert len(report["sequential"]["runs"]) == 3
+    assert report["concurrent"]["consumers"] == 8
+    assert report["active_segment"]["big_active_bytes"] == 4 * 1024 * 1024

@@ -79,6 +79,7 @@ class ChunkFile(NamedTuple):
 class _Stream:
     """A running read-ahead stream: the chunk it is at, and whether its reader closed."""
 
+    #: the chunk it waits for, or the one after the chunk it is downloading
     next_index: int
     #: what the stream waits on for its reader (over the cache's lock): woken by that
     #: reader's reads and close only, not by every change in the cache
@@ -406,14 +407,17 @@ class ChunkCache:
         )
         self._release_holds(outcome.released)
         ahead = [seg.starts.index(c.start) for c in outcome.prefetch if c not in self._entries]
-        if (reader, seg.key) in self._streams:
-            for (owner, _segment), running in self._streams.items():
+        running = self._streams.get((reader, seg.key))
+        if running is not None and running.next_index > last:
+            for (owner, _segment), other in self._streams.items():
                 if owner == reader:
-                    running.wake.notify()  # it waits for its reader to move on
+                    other.wake.notify()  # it waits for its reader to move on
             return []
         if not session:  # a one-off read (no consumer session) reads nothing ahead
             return []
-        if ahead and self._start_stream(seg, ahead[0], reader, None):
+        # no stream, or one the reader has overtaken (it ends at a chunk already cached): a
+        # new one from the first chunk ahead that is missing
+        if ahead and self._start_stream(seg, ahead[0], reader, None, replace=True):
             return []
         return ahead
 
@@ -528,16 +532,23 @@ class ChunkCache:
 
     # ------------------------------------------------------------------ read-ahead
     def _start_stream(self, seg: SegmentInfo, index: int, reader: ReaderId,
-                      first: CacheEntry | None, *, after: str | None = None) -> bool:
+                      first: CacheEntry | None, *, after: str | None = None,
+                      replace: bool = False) -> bool:
         """Start a read-ahead stream of `seg` from chunk `index` for `reader` (`first`: that
         chunk's entry, already pinned and reserved by the caller); False when there is no
-        streamer, the cache is closing, the reader has one on this segment or too many run."""
+        streamer, the cache is closing, the reader has one on this segment (unless `replace`:
+        the old one then ends at its next chunk) or too many run."""
         if self._streamer is None or seg.whole:
             return False
         with self._cond:
             key = (reader, seg.key)
-            if self._stop.is_set() or key in self._streams or len(self._streams) >= _MAX_STREAMS:
+            old = self._streams.get(key)
+            if self._stop.is_set() or (old is not None and not replace) or (
+                    old is None and len(self._streams) >= _MAX_STREAMS):
                 return False
+            if old is not None:
+                old.cancelled = True
+                old.wake.notify()
             stream = _Stream(index, threading.Condition(self._lock), after=after)
             self._streams[key] = stream
             thread = threading.Thread(
@@ -564,6 +575,8 @@ class ChunkCache:
                 if entry is None:
                     return
                 begin, end = seg.bounds(index)
+                with self._cond:  # on it: a reader joining this chunk has not overtaken us
+                    stream.next_index = index + 1
                 staged: StagedChunk | None = None
                 try:
                     if body is not None:

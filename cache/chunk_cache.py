@@ -301,8 +301,9 @@ class ChunkCache:
             for stream in self._streams.values():
                 stream.wake.notify()
             streams = list(self._stream_threads)
+        deadline = time.monotonic() + 10  # one in a slow read may not finish: it is a daemon
         for thread in streams:
-            thread.join(timeout=10)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self._thread is not None:
             self._thread.join()
             self._thread = None

@@ -5,7 +5,9 @@
     {h}/meta/kafka/{topic}/{partition}_{revision}/manifest.json            head manifest
     {h}/meta/kafka/{topic}/{partition}_{revision}/manifest.json.{base}.{last}.{ts0}.{ts1}.{level}.{crc}
                                                                              archived manifest
+    {h}/meta/kafka/{topic}/{partition}_{revision}/lease.json               upload lease
     {d}0000000/topics/{topic}/{revision}/topic_manifest.json               topic manifest
+    _tiered/nodes/{node}.json                                               sidecar record
 
 `{h}` is the first 8 hex digits of SHA-256 over `{topic}/{partition}_{revision}`: stable
 across processes and releases (never Python's salted `hash()`), so keys are derivable from
@@ -23,7 +25,7 @@ import re
 from typing import NamedTuple
 
 from manifests.errors import InvalidName, InvalidTopicName
-from tiered.topics import topic_name_problem
+from tiered.topics import node_id_problem, topic_name_problem
 
 MAX_REVISION_LENGTH = 64
 #: a single path component of a POSIX file name, so the file store can hold every key
@@ -36,6 +38,10 @@ _REVISION = re.compile(r"[A-Za-z0-9_-]+")
 #: namespace component; Kafka's data is all one namespace, kept so the layout can grow others
 NAMESPACE = "kafka"
 PARTITION_MANIFEST_NAME = "manifest.json"
+#: the partition's upload lease, beside its head manifest (docs/format.md, "Upload leases")
+LEASE_NAME = "lease.json"
+#: where every sidecar sharing the bucket keeps its record; one listing finds them all
+NODE_RECORDS_PREFIX = "_tiered/nodes/"
 TOPIC_MANIFEST_NAME = "topic_manifest.json"
 TOPIC_PREFIX_DIR = "topics"
 #: file extension of each object kind that travels beside a segment
@@ -304,6 +310,37 @@ def archived_manifest_key(
         base_offset, last_offset, base_timestamp, max_timestamp, level, checksum
     )
     return partition_meta_prefix(topic, partition, revision) + name
+
+
+def partition_lease_key(topic: str, partition: int, revision: str | int) -> str:
+    """The partition's upload lease: beside its head manifest, derivable without listing."""
+    return partition_meta_prefix(topic, partition, revision) + LEASE_NAME
+
+
+def validate_node_id(node: object) -> str:
+    """Return `node` if it can name a sidecar (`tiered.topics.node_id_problem`): it becomes
+    part of a key and of every lease the node holds."""
+    problem = node_id_problem(node)
+    if problem is not None:
+        raise InvalidName(problem)
+    assert isinstance(node, str)
+    return node
+
+
+def node_record_key(node: str) -> str:
+    """`_tiered/nodes/{node}.json`: the record a sidecar renews while it runs."""
+    return f"{NODE_RECORDS_PREFIX}{validate_node_id(node)}.json"
+
+
+def parse_node_record_key(key: str) -> str | None:
+    """The node id of a node record key found in a listing, None for anything else."""
+    if not key.startswith(NODE_RECORDS_PREFIX) or not key.endswith(".json"):
+        return None
+    node = key[len(NODE_RECORDS_PREFIX):-len(".json")]
+    try:
+        return validate_node_id(node)
+    except InvalidName:
+        return None
 
 
 def topic_prefix_digit(topic: str) -> str:

@@ -1,8 +1,9 @@
-"""Kafka's rule for legal topic names, in one place.
+"""Kafka's rule for legal topic names, in one place, and the like rule for node ids.
 
 Every layer that turns a topic name into a directory, an object key or a config section asks
 here: Kafka's own rule (1-249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`) also keeps `/`,
-`:` and path tricks such as `../x` out of every path and key we build.
+`:` and path tricks such as `../x` out of every path and key we build. A sidecar's node id
+becomes part of an object key too, so it follows the same characters, at most 64 of them.
 """
 
 from __future__ import annotations
@@ -48,3 +49,25 @@ def topic_name_problem(name: object) -> str | None:
             "'.', '_' and '-' are allowed"
         )
     return None
+
+
+#: longest node id: it names an object in the bucket and appears in every lease it holds
+MAX_NODE_ID_LENGTH = 64
+
+
+def node_id_problem(node: object) -> str | None:
+    """Why `node` cannot name a sidecar, or None when it can."""
+    if not isinstance(node, str):
+        return f"node id must be a string, got {type(node).__name__}"
+    if not node or len(node) > MAX_NODE_ID_LENGTH or node in (".", "..") \
+            or not _LEGAL.fullmatch(node):
+        return (f"node id must be 1..{MAX_NODE_ID_LENGTH} characters of [A-Za-z0-9._-], not "
+                f"'.' or '..', got {_shown(node)}")
+    return None
+
+
+def node_id_from(text: str) -> str:
+    """A legal node id made from `text` (a host name): other characters become '-', and it is
+    cut to the longest allowed."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", text)[:MAX_NODE_ID_LENGTH]
+    return cleaned if node_id_problem(cleaned) is None else "node"

@@ -35,6 +35,7 @@ from tiered.config.properties import (
 )
 from tiered.config.units import describe
 from tiered.errors import ConfigError, TieredError
+from tiered.topics import node_id_problem
 
 # --- parsing ----------------------------------------------------------------------------------
 
@@ -61,7 +62,7 @@ def _section(data: Mapping[str, Any], name: str, problems: _Problems) -> dict[st
         problems.add(f"[{name}]", f"must be a table (a [{name}] section), got {describe(table)}")
         return {}
     for key in table:
-        if name in ("storage", "log", "cache") and key not in SECTION_KEYS[name]:
+        if name in ("storage", "log", "cache", "node") and key not in SECTION_KEYS[name]:
             problems.add(f"[{name}] {key}", _unknown_section_key(name, key))
     return table
 
@@ -216,6 +217,10 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None 
     cache_dir_text = _string(_section(data, "cache", problems), "cache", "dir", problems)
     cache_dir = _path(cache_dir_text, base) if cache_dir_text else _default_cache_dir(storage.url)
 
+    node = _string(_section(data, "node", problems), "node", "id", problems)
+    if node is not None and (problem := node_id_problem(node)) is not None:
+        problems.add("[node] id", problem)
+
     topics: dict[str, FrozenMap[str, Value]] = {}
     topics_table = _section(data, "topics", problems)
     for name, table in topics_table.items():
@@ -246,6 +251,7 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None 
         cache_dir=cache_dir,
         cluster=FrozenMap(cluster),
         topics=FrozenMap(topics),
+        node=node,
     )
 
 

@@ -4,6 +4,7 @@ file (`tiered.config.loader` builds it).
     [storage]   url (required), endpoint_url, region, access_key, secret_key
     [log]       dirs, retention ("enforce" | "advise")
     [cache]     dir
+    [node]      id (the sidecar's name among those sharing the bucket)
     [cluster]   cluster properties by their flat names (tiered.config.properties)
     [topics."name"]  topic overrides by their dotted names
 
@@ -15,6 +16,7 @@ Documented in docs/configuration.md.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -32,7 +34,8 @@ from tiered.config.properties import (
     resolve_topic,
 )
 from tiered.errors import ConfigError
-from tiered.topics import is_internal_topic, topic_name_problem
+from tiered.kafka.checkpoints import read_meta_properties
+from tiered.topics import is_internal_topic, node_id_from, node_id_problem, topic_name_problem
 
 if TYPE_CHECKING:
     from tiered.store.base import StoreSettings
@@ -56,6 +59,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "storage": ("url", "endpoint_url", "region", "access_key", "secret_key"),
     "log": ("dirs", "retention"),
     "cache": ("dir",),
+    "node": ("id",),
     "cluster": (),
     "topics": (),
 }
@@ -168,6 +172,22 @@ class Config:
     cache_dir: Path
     cluster: Mapping[str, Value]
     topics: Mapping[str, Mapping[str, Value]]
+    #: `[node] id` as configured; None: `node_id()` finds one
+    node: str | None = None
+
+    def node_id(self) -> str:
+        """This sidecar's name among those sharing the bucket: `[node] id`, else the broker's
+        `node.id` (or `broker.id`) from `meta.properties` in the first log dir, so each
+        broker's sidecar is named after its broker, else the host name."""
+        if self.node is not None:
+            return self.node
+        if self.log_dirs:
+            meta = read_meta_properties(self.log_dirs[0])
+            for key in ("node.id", "broker.id"):
+                found = meta.get(key, "")
+                if found and node_id_problem(found) is None:
+                    return found
+        return node_id_from(socket.gethostname())
 
     def topic_config(self, topic: str) -> TopicConfig:
         """Effective settings of `topic` (configured or not); ConfigError for an illegal name."""
@@ -245,6 +265,7 @@ class Config:
             },
             "log": {"dirs": [str(p) for p in self.log_dirs], "retention": self.log_retention_mode},
             "cache": {"dir": str(self.cache_dir)},
+            "node": {"id": self.node_id()},
             "cluster": {
                 p.name: _render(p.name, "cluster", self.cluster[p.name], mask_secrets)
                 for p in CLUSTER

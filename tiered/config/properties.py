@@ -212,6 +212,11 @@ CLUSTER: tuple[Property, ...] = (
        "write may use.", min=1),
     _c("cloud_storage_upload_ctrl_max_shares", "int", 1000, "Most I/O and CPU shares remote "
        "write may use.", min=1),
+    # upload leases (one uploader per partition among the sidecars sharing a bucket)
+    _c("cloud_storage_upload_lease_ms", "ms", 30_000, "tiered's own: how long a sidecar's "
+       "upload leases outlive its last renewal. It renews every third of this; when it stops "
+       "(crash, pause, lost network) another sidecar with a replica takes its partitions over "
+       "after about this long.", min=300),
     # housekeeping and merging
     _c("cloud_storage_housekeeping_interval_ms", "ms", 300_000, "Housekeeping (merging, GC) "
        f"is forced at least this often even when storage is not idle. {_PICKED} 5 minutes, "

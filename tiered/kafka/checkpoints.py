@@ -352,3 +352,26 @@ def write_partition_metadata(
         raise ValueError("the zero Uuid is not a topic id")
     text = f"version: {PARTITION_METADATA_VERSION}\ntopic_id: {topic_id_to_str(topic_id)}"
     atomic_write(path, text.encode("utf-8"), sync=sync)
+
+
+#: the broker's identity file at the top of each log dir
+META_PROPERTIES = "meta.properties"
+
+
+def read_meta_properties(log_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """The `key=value` lines of a log dir's `meta.properties` (`node.id` on KRaft brokers,
+    `broker.id` on ZooKeeper ones, `cluster.id`, ...); {} when the file is absent or
+    unreadable: it is the broker's, and only a hint to us."""
+    try:
+        text = (Path(log_dir) / META_PROPERTIES).read_text("utf-8", errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out

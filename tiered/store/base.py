@@ -203,6 +203,13 @@ class ObjectStore(abc.ABC):
         if form not in (*self.condition_forms, UNCONDITIONAL):
             raise ValueError(f"unknown condition form {form!r}; known: {self.condition_forms}")
 
+    @property
+    def enforces_conditions(self) -> bool:
+        """Whether conditional puts are sent and enforced: False only under the single-writer
+        opt-out (`UNCONDITIONAL`), where nothing built on compare-and-swap (upload leases
+        among them) can be trusted."""
+        return True
+
     def exists(self, key: str) -> bool:
         from tiered.store.errors import ObjectNotFound
 

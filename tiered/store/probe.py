@@ -249,6 +249,11 @@ class ProbingStore(ObjectStore):
         single-writer opt-out; raises the probe's error otherwise."""
         return self._verdict.result()
 
+    @property
+    def enforces_conditions(self) -> bool:
+        self.verdict()
+        return self.inner.enforces_conditions
+
     def put(self, key: str, data: bytes, *, if_none_match: bool = False,
             if_match: str | None = None) -> str:
         self.verdict()

@@ -212,6 +212,10 @@ class S3Store(ObjectStore):
             self._if_match_form = form
 
     @property
+    def enforces_conditions(self) -> bool:
+        return not self._conditions_rejected
+
+    @property
     def condition_form(self) -> str:
         """How If-Match is spelled on this store: "quoted" (RFC 9110) or "bare"."""
         return self._if_match_form

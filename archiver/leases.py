@@ -1,0 +1,694 @@
+"""Upload leases: one uploader per partition among the sidecars sharing a bucket.
+
+The archiver asks an `Ownership` for each partition's `Role` before it uploads, applies
+retention or collects garbage: `SoleWriter` says "upload, as the log's leader epoch" (a
+process that is the only writer by construction: tests, the demo); `LeaseKeeper` says
+"upload, as term G" only while this node holds the partition's lease at generation G.
+
+The keeper (docs/format.md, "Upload leases", has the protocol and its safety argument):
+
+* **renews** the node's record every `lease_ms / 3` (its replicas with their high watermarks,
+  the leases it holds). While renewals succeed it may act on its leases until
+  `lease_ms - lease_ms / 3` after the start of the last one; past that (a paused process, a
+  store it cannot reach) it uploads nothing and re-reads every lease before it trusts it again;
+* **watches** the others with one listing every `lease_ms / 6`: a node whose record has not
+  changed for `lease_ms` since this keeper first saw it unchanged is gone, and so are its
+  leases;
+* **moves** partitions as `archiver.assignment` says: it releases (compare-and-swap to "free")
+  what belongs to another node, only when the archiver is not mid-round on it, and acquires
+  what belongs to it when the lease is free, its own, or held by a node that is gone. A new
+  generation is `max(lease generation, head manifest term) + 1`, and the keeper commits it as
+  the head manifest's term at once, so the previous holder's commits are refused from that
+  moment (`StaleTerm`): a holder that lost its lease can never commit again.
+
+Thread model: `tick` runs on the keeper's own thread (or the caller's, for one-shot commands
+and tests); `role`, `publish` and `lost` are called from archiver threads; one lock guards the
+state they share. Store faults in a tick are logged and retried next tick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from archiver.assignment import Member, Moves, plan_moves
+from manifests import ops
+from manifests.commit import ManifestStore
+from manifests.errors import StaleTerm
+from manifests.lease import (
+    Lease,
+    NodeRecord,
+    PartitionId,
+    ReplicaState,
+    delete_node_record,
+    iter_node_records,
+    read_lease,
+    read_node_record,
+    write_lease,
+    write_node_record,
+)
+from tiered.errors import TieredError
+from tiered.store.base import ObjectStore
+from tiered.store.errors import PreconditionFailed
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LeaseKeeper", "LeaseStats", "LeaseView", "Ownership", "Role", "SoleWriter"]
+
+#: attempts to win a generation above a head manifest term that keeps moving
+ACQUIRE_ATTEMPTS = 3
+#: acquisitions in flight at once in one tick
+ACQUIRE_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class Role:
+    """What this process may do with a partition. `term` None: write as the log's own leader
+    epoch (a sole writer). `holder`: the node holding the lease, as far as this process knows
+    (None: nobody, or no leases)."""
+
+    uploader: bool
+    term: int | None = None
+    holder: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "uploader" if self.uploader else "standby"
+
+
+@dataclass
+class LeaseStats:
+    """Counters for metrics; totals only grow."""
+
+    node: str | None = None
+    held: int = 0
+    acquired_total: int = 0  # free or own leases taken (first holder, a handover received)
+    taken_over_total: int = 0  # leases taken from a node that was gone
+    released_total: int = 0  # handed over to another node, or released at shutdown
+    lost_total: int = 0  # found taken by another node (fenced, or after a lapse)
+    requests_total: int = 0  # store requests the leases cost (renewals, watching, moves)
+    renew_failures_total: int = 0
+
+
+class Ownership(Protocol):
+    """Who may upload which partition: what the archiver asks before every write."""
+
+    @property
+    def node(self) -> str | None: ...
+
+    def publish(self, replicas: Mapping[PartitionId, int]) -> None:
+        """The partitions this node has replicas of (remote write on), with their high
+        watermarks: after every scan of the log dirs."""
+
+    def role(self, pid: PartitionId) -> Role: ...
+
+    def lost(self, pid: PartitionId) -> None:
+        """A commit as this partition's lease term was refused as stale: the lease moved."""
+
+    def stats(self) -> LeaseStats: ...
+
+
+class SoleWriter:
+    """Every partition is this process's to upload, as its leader epoch: for a process that
+    is the only writer by construction (tests, the demo, a store without conditional writes,
+    where leases cannot be made safe)."""
+
+    node: str | None = None
+
+    def publish(self, replicas: Mapping[PartitionId, int]) -> None:
+        pass
+
+    def role(self, pid: PartitionId) -> Role:
+        return Role(True)
+
+    def lost(self, pid: PartitionId) -> None:
+        pass
+
+    def stats(self) -> LeaseStats:
+        return LeaseStats()
+
+
+class LeaseView:
+    """Who uploads each partition, read from its lease object (once per partition) and never
+    written: for `describe-storage`, which reports the roles without taking part."""
+
+    def __init__(self, store: ObjectStore, node: str) -> None:
+        self.store = store
+        self.node = node
+        self._roles: dict[PartitionId, Role] = {}
+
+    def publish(self, replicas: Mapping[PartitionId, int]) -> None:
+        pass
+
+    def role(self, pid: PartitionId) -> Role:
+        if pid not in self._roles:
+            try:
+                lease, _ = read_lease(self.store, pid)
+            except (TieredError, OSError) as err:
+                log.debug("%s: cannot read the upload lease: %s", pid, err)
+                lease = None
+            holder = None if lease is None else lease.holder
+            mine = holder == self.node
+            self._roles[pid] = Role(mine, lease.generation if mine and lease else None, holder)
+        return self._roles[pid]
+
+    def lost(self, pid: PartitionId) -> None:
+        self._roles.pop(pid, None)
+
+    def stats(self) -> LeaseStats:
+        return LeaseStats(node=self.node)
+
+
+@dataclass
+class _Seen:
+    """What this keeper knows of another node's record."""
+
+    etag: str
+    #: when this keeper first saw the current version (monotonic seconds)
+    changed_at: float
+    record: NodeRecord | None = None
+    read_at: float = float("-inf")
+    read_etag: str | None = None
+    #: listed before, missing from the last listing: it stopped cleanly
+    gone: bool = False
+
+
+@dataclass
+class _Held:
+    generation: int
+    #: False after a lapse: re-read the lease before trusting it
+    verified: bool = True
+
+
+#: (monotonic seconds, high watermark) samples of one replica, oldest first
+_History = deque[tuple[float, int]]
+
+
+@dataclass
+class _State:
+    replicas: dict[PartitionId, _History] = field(default_factory=dict)
+    held: dict[PartitionId, _Held] = field(default_factory=dict)
+    valid_until: float = float("-inf")
+    sequence: int = 0
+
+
+class LeaseKeeper:
+    """Holds this node's upload leases (see the module docstring). `busy(pid)` is a context
+    manager yielding whether the archiver is idle on `pid` (and keeping it so inside); a
+    handover waits for that. `on_change` is called after this node gained a lease, so the
+    daemon can start an upload round at once. `passive`: a one-shot command, which takes only
+    partitions no live daemon could, and never hands any over."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        mstore: ManifestStore,
+        node: str,
+        lease_ms: int,
+        *,
+        passive: bool = False,
+        busy: Callable[[PartitionId], AbstractContextManager[bool]] | None = None,
+        on_change: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.mstore = mstore
+        self._node = node
+        self.lease_s = lease_ms / 1000
+        self.lease_ms = lease_ms
+        self.renew_s = self.lease_s / 3
+        self.poll_s = self.lease_s / 6
+        self.passive = passive
+        self._busy = busy or (lambda pid: contextlib.nullcontext(True))
+        self._on_change = on_change
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._state = _State()
+        self._seen: dict[str, _Seen] = {}
+        self._watch_start: float | None = None
+        self._last_renew = float("-inf")
+        self._stats = LeaseStats(node=node)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._problem: str | None = None
+        #: since when (monotonic) each of this node's partitions has had no live holder
+        self._unheld_since: dict[PartitionId, float] = {}
+        #: nodes holding partitions the assignment gives this one
+        self._waiting_on: set[str] = set()
+        #: this node's own record was renewed recently by another process (a daemon beside
+        #: an `archive --once`): a passive keeper then leaves the record to it
+        self._guest = False
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+    def bind(self, busy: Callable[[PartitionId], AbstractContextManager[bool]]) -> None:
+        """Set the hook that says whether the archiver is idle on a partition (handovers)."""
+        self._busy = busy
+
+    # -- what the archiver asks --------------------------------------------------------------
+
+    def publish(self, replicas: Mapping[PartitionId, int]) -> None:
+        now = self._clock()
+        with self._lock:
+            history = self._state.replicas
+            for pid in list(history):
+                if pid not in replicas:
+                    del history[pid]
+            for pid, hw in replicas.items():
+                samples = history.setdefault(pid, deque())
+                if not samples or samples[-1][1] != hw or now - samples[-1][0] >= self.renew_s:
+                    samples.append((now, hw))
+                # keep one sample at least a lease time old, and nothing older than needed
+                while len(samples) > 2 and now - samples[1][0] >= self.lease_s:
+                    samples.popleft()
+
+    def role(self, pid: PartitionId) -> Role:
+        with self._lock:
+            held = self._state.held.get(pid)
+            if held is not None and held.verified and self._clock() < self._state.valid_until:
+                return Role(True, held.generation, self._node)
+        return Role(False, None, self._holder_of(pid))
+
+    def lost(self, pid: PartitionId) -> None:
+        with self._lock:
+            held = self._state.held.get(pid)
+            if held is not None:
+                held.verified = False  # the next tick reads the lease again
+
+    def stats(self) -> LeaseStats:
+        with self._lock:
+            return LeaseStats(**{**self._stats.__dict__, "held": sum(
+                1 for h in self._state.held.values() if h.verified)})
+
+    def holdings(self) -> dict[PartitionId, int]:
+        """The leases this process holds and trusts, by generation."""
+        with self._lock:
+            return {p: h.generation for p, h in self._state.held.items() if h.verified}
+
+    def _holder_of(self, pid: PartitionId) -> str | None:
+        best: tuple[int, str] | None = None
+        with self._lock:
+            for node, seen in self._seen.items():
+                if seen.record is not None and pid in seen.record.holding and node != self._node:
+                    candidate = (seen.record.holding[pid], node)
+                    best = candidate if best is None or candidate > best else best
+        return None if best is None else best[1]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """One tick now (the first upload round then knows its roles), then tick on a thread of
+        its own until `stop`."""
+        self.tick()
+        self._thread = threading.Thread(target=self._loop, name="leases", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.tick()
+            except Exception:  # the leases must outlive a bug in one tick
+                log.exception("lease keeper: tick failed")
+
+    def stop(self, *, release: bool) -> None:
+        """Stop ticking; with `release`, hand every lease back (free) and delete the node's
+        record, so the others take the partitions over now instead of a lease time later."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(10.0, self.lease_s))
+        with self._lock:
+            self._state.valid_until = float("-inf")  # standby everywhere from here on
+        if not release:
+            return
+        with self._lock:
+            held = list(self._state.held)
+        released = 0
+        for pid in held:
+            released += self._release(pid, reason="shutting down")
+        if released:
+            log.info("released %d upload lease(s) for the other sidecars", released)
+        try:
+            self._count()
+            delete_node_record(self.store, self._node)
+        except (TieredError, OSError) as err:
+            log.warning("could not remove the record of node %s: %s", self._node, err)
+
+    # -- one tick ----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Renew (when due), watch the others, and move partitions as the assignment says."""
+        now = self._clock()
+        if self._watch_start is None:
+            self._watch_start = now
+        with self._lock:
+            if now >= self._state.valid_until:
+                for lease in self._state.held.values():
+                    lease.verified = False  # a lapse: another node may have taken them over
+        try:
+            self._observe(now)
+            if self._guest is False and now - self._last_renew >= self.renew_s * 0.95:
+                self._renew()
+            self._verify()
+            members = self._members()
+            with self._lock:
+                held = set(self._state.held)
+            orphaned = self._orphaned()
+            if self._guest:  # beside this node's daemon: work under exactly its leases
+                own = self._seen[self._node].record
+                moves = Moves(acquire=tuple(sorted(
+                    pid for pid in (own.holding if own else ()) if pid not in held)))
+            else:
+                moves = plan_moves(self._node, members, held, passive=self.passive,
+                                   orphaned=orphaned, max_releases=self._max_releases(members))
+                self._waiting_on = set(moves.waiting_on)
+            changed = False
+            for pid, to in moves.release:
+                changed |= bool(self._release(pid, reason=f"handing over to {to}"))
+            gained = self._acquire_all(moves.acquire, orphaned)
+            if (changed or gained) and not self._guest:
+                self._renew()  # tell the others at once
+            if gained and self._on_change is not None:
+                self._on_change()
+            self._problem = None
+        except (TieredError, OSError) as err:
+            problem = f"{type(err).__name__}: {err}"
+            level = logging.DEBUG if problem == self._problem else logging.WARNING
+            log.log(level, "upload leases: %s; trying again in %.1f s", problem, self.poll_s)
+            self._problem = problem
+
+    def _count(self, requests: int = 1) -> None:
+        with self._lock:
+            self._stats.requests_total += requests
+
+    def _renew(self) -> None:
+        with self._lock:
+            self._state.sequence += 1
+            now = self._clock()
+            record = NodeRecord(
+                self._node, self._state.sequence, int(self._wall() * 1000), self.lease_ms,
+                passive=self.passive,
+                replicas={pid: self._replica_state(samples, now)
+                          for pid, samples in self._state.replicas.items() if samples},
+                holding={p: h.generation for p, h in self._state.held.items() if h.verified})
+        started = self._clock()
+        try:
+            self._count()
+            write_node_record(self.store, record)
+        except (TieredError, OSError):
+            with self._lock:
+                self._stats.renew_failures_total += 1
+            raise
+        self._last_renew = started
+        if not self._stop.is_set():
+            with self._lock:
+                self._state.valid_until = started + self.lease_s - self.renew_s
+
+    def _replica_state(self, samples: _History, now: float) -> ReplicaState:
+        ago = -1
+        for t, hw in samples:
+            if now - t >= self.lease_s:
+                ago = hw
+        return ReplicaState(samples[-1][1], ago)
+
+    def _observe(self, now: float) -> None:
+        """One listing of the node records (which alone tells renewals, by their versions, and
+        clean stops, by a missing record), and a read of the records whose contents are due."""
+        self._count()
+        listed = list(iter_node_records(self.store))
+        reads: dict[str, tuple[NodeRecord, str] | None] = {}
+        with self._lock:
+            for known in self._seen.values():
+                known.gone = True
+            for node, etag, _ in listed:
+                seen = self._seen.get(node)
+                if seen is None:
+                    seen = self._seen[node] = _Seen(etag, now)  # a full lease time from now
+                elif seen.etag != etag:
+                    seen.etag, seen.changed_at = etag, now
+                seen.gone = False
+                # each renewal changes a record; its contents matter at most every half
+                # lease, except a node holding what this one is waiting for
+                if seen.record is None or (seen.read_etag != etag and (
+                        now - seen.read_at >= self.lease_s / 2 or node in self._waiting_on)):
+                    reads[node] = None
+        for node in reads:
+            self._count()
+            reads[node] = read_node_record(self.store, node)
+        with self._lock:
+            for node, got in reads.items():
+                seen = self._seen[node]
+                if got is None:
+                    continue
+                seen.record, seen.read_etag = got
+                seen.read_at = now
+                if seen.read_etag != seen.etag:
+                    seen.etag, seen.changed_at = seen.read_etag, now
+            self._track_unheld(now)
+            own = self._seen.get(self._node)
+            if self.passive:
+                self._guest = False
+                if own is not None and own.record is not None and not own.record.passive \
+                        and not own.gone:
+                    # a daemon of this node renews the record: a one-shot command leaves the
+                    # record to it and works under the leases it holds while it renews
+                    left_ms = own.record.renewed_ms + self.lease_ms - self._wall() * 1000
+                    if left_ms > self.renew_s * 1000:
+                        self._guest = True
+                        self._state.valid_until = now + (left_ms / 1000 - self.renew_s)
+
+    def _track_unheld(self, now: float) -> None:
+        """Note since when each of this node's partitions has had no live holder advertising
+        it (under the lock)."""
+        advertised = {pid for node, seen in self._seen.items()
+                      if node != self._node and seen.record is not None
+                      and self._alive(node, now) for pid in seen.record.holding}
+        advertised |= {pid for pid, h in self._state.held.items() if h.verified}
+        for pid in list(self._unheld_since):
+            if pid in advertised or pid not in self._state.replicas:
+                del self._unheld_since[pid]
+        for pid in self._state.replicas:
+            if pid not in advertised:
+                self._unheld_since.setdefault(pid, now)
+
+    def _alive(self, node: str, now: float | None = None) -> bool:
+        """Whether `node` counts as running: its record changed within its lease time as this
+        keeper watched it, and it has not deleted it (a clean stop). A passive keeper (a
+        one-shot command that
+        cannot watch for a lease time) goes by the record's own renewal time instead."""
+        if node == self._node:
+            return True
+        now = self._clock() if now is None else now
+        seen = self._seen.get(node)
+        if seen is None:
+            # never listed while we watched: gone once we have watched for a lease time
+            return self._watch_start is not None and now - self._watch_start < self.lease_s
+        record = seen.record
+        lease_s = max(self.lease_s, record.lease_ms / 1000) if record else self.lease_s
+        if seen.gone:
+            return False
+        if self.passive and record is not None:
+            return self._wall() * 1000 - record.renewed_ms < lease_s * 1000
+        return now - seen.changed_at < lease_s
+
+    def _members(self) -> list[Member]:
+        """The live members as their records say, with this node as this process knows it."""
+        now = self._clock()
+        members = []
+        with self._lock:
+            for node, seen in self._seen.items():
+                r = seen.record
+                if node == self._node or r is None or not self._alive(node, now):
+                    continue
+                members.append(Member(node, r.replicas, r.holding, r.passive))
+            replicas = {pid: self._replica_state(s, now)
+                        for pid, s in self._state.replicas.items() if s}
+            holding = {p: h.generation for p, h in self._state.held.items() if h.verified}
+        members.append(Member(self._node, replicas, holding, self.passive))
+        return members
+
+    def _orphaned(self) -> set[PartitionId]:
+        """Partitions that no live node has advertised for a lease time (counted from when
+        this keeper started watching): whoever the assignment names is not taking them."""
+        now = self._clock()
+        with self._lock:
+            return {pid for pid, since in self._unheld_since.items()
+                    if now - since >= self.lease_s}
+
+    def _max_releases(self, members: list[Member]) -> int:
+        active = [m for m in members if not m.passive]
+        partitions = {pid for m in active for pid in m.replicas}
+        share = -(-len(partitions) // max(1, len(active)))
+        return max(1, share // 4)
+
+    # -- moves -------------------------------------------------------------------------------
+
+    def _verify(self) -> None:
+        """Re-read every lease this process no longer trusts; keep those still its own."""
+        with self._lock:
+            doubtful = [pid for pid, h in self._state.held.items() if not h.verified]
+            # another live node advertising a newer generation took it
+            for node, seen in self._seen.items():
+                if node == self._node or seen.record is None or not self._alive(node):
+                    continue
+                for pid, generation in seen.record.holding.items():
+                    held = self._state.held.get(pid)
+                    if held is not None and generation > held.generation:
+                        held.verified = False
+                        doubtful.append(pid)
+        for pid in dict.fromkeys(doubtful):
+            self._count()
+            lease, etag = read_lease(self.store, pid)
+            try:
+                if lease is not None and lease.holder == self._node and self._own(
+                        pid, lease, etag):
+                    continue
+            except StaleTerm:
+                pass  # the head moved on again: taken afresh when the assignment says so
+            with self._lock:
+                if self._state.held.pop(pid, None) is not None:
+                    self._stats.lost_total += 1
+            holder = None if lease is None else lease.holder
+            log.warning("%s: upload lease now held by %s; this node stands by", pid,
+                        holder or "nobody")
+
+    def _release(self, pid: PartitionId, *, reason: str) -> int:
+        """Hand `pid`'s lease back (free, same generation), once the archiver is idle on it.
+        1 when released, 0 when it has to wait (busy) or was not ours any more."""
+        with self._busy(pid) as idle:
+            if not idle:
+                return 0
+            with self._lock:
+                self._state.held.pop(pid, None)  # no new round starts on it from here
+            self._count()
+            lease, etag = read_lease(self.store, pid)
+            if lease is None or lease.holder != self._node:
+                return 0
+            free = Lease(pid, None, lease.generation, int(self._wall() * 1000))
+            try:
+                self._count()
+                write_lease(self.store, free, etag)
+            except PreconditionFailed:
+                return 0  # it changed under us: not ours to release any more
+        with self._lock:
+            self._stats.released_total += 1
+        log.info("%s: released the upload lease (generation %d): %s", pid, lease.generation,
+                 reason)
+        return 1
+
+    def _acquire_all(self, pids: Sequence[PartitionId], orphaned: Collection[PartitionId]
+                     ) -> int:
+        """Try every acquisition; a few at a time (each is a handful of requests in series,
+        and a node starting beside a thousand free partitions should not take minutes)."""
+        if len(pids) <= 1:
+            return sum(self._acquire(pid, force=pid in orphaned) for pid in pids)
+        with ThreadPoolExecutor(min(ACQUIRE_WORKERS, len(pids)),
+                                thread_name_prefix="lease-acquire") as pool:
+            return sum(pool.map(lambda pid: self._acquire(pid, force=pid in orphaned), pids))
+
+    def _acquire(self, pid: PartitionId, *, force: bool = False) -> int:
+        """Take `pid`'s lease when it is free, this node's, or its holder is gone (`force`:
+        also from a live holder that has not advertised it for a lease time, and so is not
+        using it); 1 when this process now holds it. Taking a lease from a holder that still
+        works is safe, only wasteful: the new generation fences its commits."""
+        for _ in range(ACQUIRE_ATTEMPTS):
+            self._count()
+            lease, etag = read_lease(self.store, pid)
+            if lease is not None and lease.holder == self._node:
+                # this node's already (another process of it, or before a restart)
+                try:
+                    if not self._own(pid, lease, etag):
+                        return 0
+                except StaleTerm:
+                    continue
+                with self._lock:
+                    self._stats.acquired_total += 1
+                log.info("%s: upload lease held by this node (generation %d): uploading",
+                         pid, self.holdings().get(pid, lease.generation))
+                return 1
+            previous = None if lease is None else lease.holder
+            if previous is not None and self._alive(previous) and not force:
+                return 0  # it hands over itself when the assignment says so
+            if self._guest:
+                return 0  # only this node's daemon takes leases
+            self._count()
+            head, head_etag = self.mstore.load(pid.topic, pid.partition, pid.revision)
+            try:
+                if not self._take(pid, lease, etag, head.term, head_etag is not None):
+                    return 0  # another node won it
+            except StaleTerm:
+                continue  # a newer term wrote the head meanwhile: a generation above it
+            generation = self.holdings()[pid]
+            with self._lock:
+                if previous is None or previous == self._node:
+                    self._stats.acquired_total += 1
+                else:
+                    self._stats.taken_over_total += 1
+            if previous is None or previous == self._node:
+                log.info("%s: acquired the upload lease (generation %d)", pid, generation)
+            else:
+                log.warning("%s: took the upload lease over from %s, which stopped renewing "
+                            "(generation %d)", pid, previous, generation)
+            return 1
+        log.warning("%s: the head manifest's term kept moving past each new lease generation; "
+                    "trying again later", pid)
+        return 0
+
+    def _own(self, pid: PartitionId, lease: Lease, etag: str | None) -> bool:
+        """Work under a lease that names this node: fence the head with its generation if an
+        earlier fence did not land, or take a higher one if a newer term wrote the head (a
+        writer outside the leases), else this node would stay fenced for good. False when
+        another writer changed the lease meanwhile."""
+        self._count()
+        head, head_etag = self.mstore.load(pid.topic, pid.partition, pid.revision)
+        if head.term > lease.generation:
+            return self._take(pid, lease, etag, head.term, True)
+        if head.term < lease.generation and (head_etag is not None or lease.generation > 1):
+            self._fence(pid, lease.generation)
+        with self._lock:
+            self._state.held[pid] = _Held(lease.generation)
+        return True
+
+    def _take(self, pid: PartitionId, lease: Lease | None, etag: str | None, head_term: int,
+              head_exists: bool) -> bool:
+        """Write this node into the lease at a generation above both the lease's and the head
+        manifest's term (compare-and-swap on `etag`), then fence the head with it. False when
+        another writer changed the lease first; `StaleTerm` when the head's term passed the
+        new generation before the fence (take again, higher)."""
+        generation = max(0 if lease is None else lease.generation, head_term) + 1
+        try:
+            self._count()
+            etag = write_lease(self.store, Lease(pid, self._node, generation,
+                                                 int(self._wall() * 1000)), etag)
+        except PreconditionFailed:
+            return False
+        # fence only when someone could hold an older term: a lease or a head existed
+        if lease is not None or head_exists:
+            self._fence(pid, generation)
+        with self._lock:
+            self._state.held[pid] = _Held(generation)
+        return True
+
+    def _fence(self, pid: PartitionId, generation: int) -> None:
+        """Commit `generation` as the head manifest's term: from now on every commit by an
+        older term (the previous holder's) is refused."""
+        self._count()
+        self.mstore.update(pid.topic, pid.partition, pid.revision,
+                           lambda m: ops.with_term(m, generation))
+
+
+@contextlib.contextmanager
+def always_idle(pid: PartitionId) -> Iterator[bool]:
+    """A `busy` hook for a keeper with no archiver beside it."""
+    yield True

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from archiver.leases import LeaseStats
 from archiver.space import PartitionView, safe_delete_below, upload_backlog_bytes
 from archiver.upload_policy import LogSnapshot
 from manifests.manifest import PartitionManifest
@@ -18,7 +19,8 @@ class PartitionReport:
     """One partition's outcome in a pass; a partition fault is reported here, never raised.
 
     `decision` is an `UploadDecision` value ("up_to_date", "wait", "gap", ...) or one of
-    "uploaded", "corrupt_segment", "error", "fenced", "remote_write_off", "housekept",
+    "uploaded", "corrupt_segment", "error", "fenced", "standby" (another node holds the
+    partition's upload lease), "remote_write_off", "housekept",
     "local_retention", "advise". `safe_to_delete_below` (local retention passes) is the
     exclusive offset below which local data is in the bucket."""
 
@@ -96,12 +98,16 @@ class ArchiverStats:
     local_deleted_segments_total: int = 0
     #: the object store's request counters (operations, attempts, retries, errors, exhausted)
     store_retry_stats: dict[str, int] = field(default_factory=dict)
+    #: this node's upload leases (held now, handovers, what they cost)
+    leases: LeaseStats = field(default_factory=LeaseStats)
 
 
 def storage_row(part: PartitionLog, snap: LogSnapshot | None, view: PartitionView | None,
-                m: PartitionManifest | None, error: str | None = None) -> dict[str, Any]:
+                m: PartitionManifest | None, error: str | None = None, *,
+                uploader: tuple[str | None, str] = (None, "uploader")) -> dict[str, Any]:
     """One partition's `describe-storage` row: what is local, what is in the bucket, what is
-    still pending upload and below which offset local data may go."""
+    still pending upload and below which offset local data may go, and who uploads it
+    (`uploader`: the node holding its upload lease or None, and this node's role)."""
     remote: dict[str, Any] = {"start_offset": None, "last_offset": None, "size_bytes": 0,
                               "segments": 0, "archived_manifests": 0}
     if error is not None:
@@ -128,6 +134,8 @@ def storage_row(part: PartitionLog, snap: LogSnapshot | None, view: PartitionVie
         "remote": remote,
         "pending_bytes": 0 if view is None else upload_backlog_bytes([view]),
         "safe_to_delete_below": None if view is None else safe_delete_below(view),
+        "uploader": uploader[0],
+        "role": uploader[1],
     }
 
 

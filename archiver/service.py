@@ -11,6 +11,11 @@ fencing) and runs the passes the daemon schedules and `tiered archive --once` ru
   (`archiver.local_retention`), and computes the disk alert;
 * `update_controller` turns the upload backlog into shares and the upload budget.
 
+Which partitions this process writes to the bucket is its `Ownership`'s to say
+(`archiver.leases`): with upload leases, only the partitions whose lease this node holds are
+uploaded, housekept and collected, as the lease's generation; the others are on standby,
+where local retention still deletes what the bucket's committed manifest covers.
+
 A fault in one partition is reported in that partition's `PartitionReport` and never stops the
 others (design invariant 9). Thread model: the passes may be called from different threads;
 each partition's state is guarded by its own lock, and upload threads come from executors
@@ -32,6 +37,7 @@ from typing import Any
 
 from archiver import controller
 from archiver.controller import ControllerOutput, ControllerParams, ControllerState, UploadBudget
+from archiver.leases import Ownership, Role, SoleWriter
 from archiver.local_retention import (
     LocalRetentionResult,
     advise_only,
@@ -64,6 +70,7 @@ from archiver.uploader import (
 )
 from manifests.commit import ManifestStore
 from manifests.errors import ManifestConflict, StaleTerm
+from manifests.lease import PartitionId
 from manifests.spillover import ManifestSettings
 from manifests.topic import TopicManifest, save_topic_manifest
 from tiered.config import Config
@@ -100,6 +107,10 @@ class _Partition:
     def tp(self) -> TopicPartition:
         return self.log.tp
 
+    @property
+    def pid(self) -> PartitionId:
+        return PartitionId(self.log.topic, self.log.partition, self.revision)
+
     def target(self) -> PartitionTarget:
         return PartitionTarget(self.log, self.revision, self.term)
 
@@ -129,7 +140,9 @@ class Archiver:
     filesystem (default `shutil.disk_usage`); `fixed_shares` pins the controller's output
     (benchmarks); `term` overrides the writer term read from the log; `max_upload_bandwidth`
     (bytes/s, None: unthrottled) and `max_upload_concurrency` (default
-    `cloud_storage_max_connections`) are what the maximum shares buy."""
+    `cloud_storage_max_connections`) are what the maximum shares buy. `ownership` says which
+    partitions this process uploads, and as which term (default: all, as the log's leader
+    epoch: a sole writer)."""
 
     def __init__(
         self,
@@ -143,8 +156,10 @@ class Archiver:
         max_upload_bandwidth: int | None = None,
         max_upload_concurrency: int | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        ownership: Ownership | None = None,
     ) -> None:
         cluster = config.cluster
+        self.ownership: Ownership = ownership or SoleWriter()
         self.config = config
         self.store = store
         self.clock = clock
@@ -208,6 +223,46 @@ class Archiver:
                 log.debug("%s: archiving as revision %s, term %d", tp, revision, term)
             else:
                 state.log, state.term = part, term
+        self.ownership.publish(self.replicas())
+
+    def replicas(self) -> dict[PartitionId, int]:
+        """The partitions this node would upload (remote write on) with their high
+        watermarks: what the upload leases are shared out by."""
+        out: dict[PartitionId, int] = {}
+        for state in self._partitions.values():
+            try:
+                if not self.config.topic_config(state.tp.topic).remote_write:
+                    continue
+                hw = state.log.high_watermark
+                out[state.pid] = hw if hw is not None else (state.log.log_end_offset() or 0)
+            except (TieredError, OSError) as err:
+                log.debug("%s: left out of the lease shares: %s", state.tp, err)
+        return out
+
+    def _role(self, state: _Partition) -> Role:
+        """This process's role for the partition; as uploader, its term becomes the writer
+        term (called with the partition's lock held)."""
+        role = self.ownership.role(state.pid)
+        if role.uploader and role.term is not None:
+            state.term = role.term
+        return role
+
+    @contextmanager
+    def idle(self, pid: PartitionId) -> Iterator[bool]:
+        """Whether no upload round or housekeeping runs on `pid` now, keeping it so while
+        inside: an upload lease is handed over only then, so no upload is cut off."""
+        with self._lock:
+            state = self._partitions.get(TopicPartition(pid.topic, pid.partition))
+        if state is None or state.revision != pid.revision:
+            yield True
+            return
+        if not state.lock.acquire(blocking=False):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            state.lock.release()
 
     def _states(self, topic: str | None = None) -> list[_Partition]:
         with self._lock:
@@ -266,6 +321,10 @@ class Archiver:
                 return PartitionReport(tp.topic, tp.partition, decision="error", error=str(err))
             if not tc.remote_write:
                 return PartitionReport(tp.topic, tp.partition, decision="remote_write_off")
+            role = self._role(state)
+            if not role.uploader:
+                return PartitionReport(tp.topic, tp.partition, decision="standby",
+                                       detail=f"uploader: {role.holder or 'none yet'}")
             if state.fenced_by is not None and state.term <= state.fenced_by:
                 return PartitionReport(
                     tp.topic, tp.partition, decision="fenced",
@@ -290,6 +349,7 @@ class Archiver:
                 index_interval_bytes=tc.index_interval_bytes)
             if out.fenced:
                 state.fenced_by = self._fencing_term(state)
+                self.ownership.lost(state.pid)
         self._count_upload(out)
         return PartitionReport(tp.topic, tp.partition, out.uploaded_segments,
                                out.uploaded_bytes, out.decision, out.error)
@@ -360,8 +420,8 @@ class Archiver:
         with state.lock:
             try:
                 tc = self.config.topic_config(tp.topic)
-                if not tc.remote_write or (state.fenced_by is not None
-                                           and state.term <= state.fenced_by):
+                if not tc.remote_write or not self._role(state).uploader or (
+                        state.fenced_by is not None and state.term <= state.fenced_by):
                     return None, 0
                 cursor = state.cursor
                 limits = None
@@ -373,6 +433,7 @@ class Archiver:
                                         limits=limits, now_ms=self._now_ms())
             except StaleTerm as err:
                 state.fenced_by = self._fencing_term(state)
+                self.ownership.lost(state.pid)
                 row.decision, row.error = "fenced", str(err)
                 return row, 0
             except ManifestConflict as err:
@@ -435,6 +496,27 @@ class Archiver:
                 log.debug("%s: left out of the backlog: %s", part.tp, err)
         return views
 
+    def _refresh_standbys(self, states: list[_Partition]) -> None:
+        """Read the committed head of every partition another node uploads: a standby never
+        commits, so only a fresh read tells it what the bucket covers (what its local
+        retention may delete, what is still pending)."""
+        for s in states:
+            if self.ownership.role(s.pid).uploader:
+                continue
+            try:
+                if not self.config.topic_config(s.tp.topic).remote_write:
+                    continue
+                m, etag = self.mstore.load(s.tp.topic, s.tp.partition, s.revision)
+            except (TieredError, OSError) as err:
+                log.debug("%s: could not read the head manifest: %s", s.tp, err)
+                continue
+            with s.lock:
+                old = s.cursor.manifest
+                if old is None or m.last_offset >= old.last_offset:
+                    # loaded stays False: should this node take the partition over, its first
+                    # round reads the head again rather than trust this copy
+                    s.cursor.manifest, s.cursor.etag, s.cursor.loaded = m, etag, False
+
     @contextmanager
     def _all_locked(self, states: list[_Partition]) -> Iterator[None]:
         with ExitStack() as stack:
@@ -450,6 +532,7 @@ class Archiver:
         enforcing = self.config.log_retention_mode == "enforce"
         report = PassReport()
         disk = combined_disk(self.config.log_dirs, self.disk_usage)
+        self._refresh_standbys(states)
         with self._all_locked(states):
             views, _, failed = self._views(states)
             now = self._now_ms()
@@ -503,6 +586,10 @@ class Archiver:
         the last `scan` (mid-round, where the round owns the partition state)."""
         states = self._states()
         views = self._fresh_views(states) if rescan else self._views(states)[0]
+        # a partition another node uploads is no backlog of this one's
+        mine = {(s.tp.topic, s.tp.partition) for s in states
+                if self.ownership.role(s.pid).uploader}
+        views = [v for v in views if (v.topic, v.partition) in mine]
         backlog = upload_backlog_bytes(views)
         disk = combined_disk(self.config.log_dirs, self.disk_usage)
         with self._lock:
@@ -572,9 +659,22 @@ class Archiver:
         by_tp = {(v.topic, v.partition): v for v in views}
         return [
             storage_row(s.log, snaps.get(s.tp), by_tp.get((s.tp.topic, s.tp.partition)),
-                        s.cursor.manifest if s.cursor.loaded else None, errors.get(s.tp))
+                        s.cursor.manifest if s.cursor.loaded else None, errors.get(s.tp),
+                        uploader=self._uploader(s))
             for s in states
         ]
+
+    def _uploader(self, state: _Partition) -> tuple[str | None, str]:
+        """(node uploading the partition or None, this process's role) for describe-storage."""
+        try:
+            if not self.config.topic_config(state.tp.topic).remote_write:
+                return None, "standby"
+        except TieredError:
+            return None, "standby"
+        role = self.ownership.role(state.pid)
+        holder = role.holder if role.holder is not None else (
+            self.ownership.node if role.uploader else None)
+        return holder, role.name
 
     def snapshot(self) -> ArchiverStats:
         """A consistent copy of the counters and gauges, for a metrics scrape."""
@@ -585,7 +685,8 @@ class Archiver:
             return ArchiverStats(
                 **{**s.__dict__,
                    "pending_bytes_by_partition": dict(s.pending_bytes_by_partition),
-                   "store_retry_stats": dict(retry)})
+                   "store_retry_stats": dict(retry),
+                   "leases": self.ownership.stats()})
 
     def close(self) -> None:
         """Nothing to release but the store, which the caller opened and closes."""

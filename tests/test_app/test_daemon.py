@@ -186,6 +186,7 @@ def _daemon(tmp_path: Path, time_: FakeTime, archiver: FakeArchiver,
         _config(tmp_path), DaemonOptions(metrics_port=0),
         open_store=kw.pop("open_store", lambda c: store),
         new_archiver=lambda c, s: cast("Archiver", archiver), clock=time_.clock,
+        new_keeper=kw.pop("new_keeper", lambda c, s, on_change: None),
         wall_clock=lambda: 1.7e9,
         stop=time_, **kw,
     )

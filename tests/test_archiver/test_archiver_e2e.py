@@ -83,7 +83,9 @@ def test_describe_rows_have_the_documented_fields(tmp_path: Path, s3_store: Obje
     fresh = Archiver(config, s3_store, clock=Clock(), disk_usage=Disk())
     [row] = fresh.describe("orders")
     assert set(row) == {"topic", "partition", "high_watermark", "local", "remote",
-                        "pending_bytes", "safe_to_delete_below"}
+                        "pending_bytes", "safe_to_delete_below", "uploader", "role"}
+    # an Archiver built without leases is the sole writer of what it holds
+    assert row["role"] == "uploader" and row["uploader"] is None
     assert set(row["local"]) == {"start_offset", "last_offset", "size_bytes", "segments"}
     assert set(row["remote"]) == {"start_offset", "last_offset", "size_bytes", "segments",
                                   "archived_manifests"}

@@ -12,12 +12,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tiered.cli.main import cli
+from tiered.config import load_config
 from tiered.kafka.checkpoints import TopicPartition, new_topic_id
 from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 from tiered.kafka.segment import parse_segment_file_name
 
 ROW_KEYS = {"topic", "partition", "high_watermark", "local", "remote", "pending_bytes",
-            "safe_to_delete_below"}
+            "safe_to_delete_below", "uploader", "role"}
 LOCAL_KEYS = {"start_offset", "last_offset", "size_bytes", "segments"}
 REMOTE_KEYS = {"start_offset", "last_offset", "size_bytes", "segments", "archived_manifests"}
 
@@ -204,6 +205,8 @@ def test_describe_storage_json_field_names_and_values(setup: tuple[Path, Path]) 
         assert row["remote"]["segments"] == 0 and row["remote"]["size_bytes"] == 0
         assert row["pending_bytes"] == row["local"]["size_bytes"]  # nothing uploaded yet
         assert row["safe_to_delete_below"] == row["local"]["start_offset"] == 0
+        # nobody has taken the partition's upload lease yet
+        assert row["uploader"] is None and row["role"] == "standby"
 
     for _ in range(5):
         if _json(invoke("archive", "--once", "--config", str(config), "--json"))[
@@ -228,6 +231,9 @@ def test_describe_storage_json_field_names_and_values(setup: tuple[Path, Path]) 
         # only the active segment is left to upload; everything below it is safe to delete
         assert row["safe_to_delete_below"] == active_base
         assert row["pending_bytes"] == local_bytes - row["remote"]["size_bytes"]
+        # archive --once took the lease for this node (named after the host by default)
+        assert row["role"] == "uploader"
+        assert row["uploader"] == load_config(config).node_id()
 
 
 def test_describe_storage_topic_filter_and_human_table(tmp_path: Path) -> None:

@@ -28,6 +28,12 @@ immutable `DaemonState`, which is all the HTTP threads read of it (metrics are t
 fresh as the last finished job). Each HTTP request runs on its own thread; reads call the
 thread-safe `Reader` directly, and its metrics are read at scrape time.
 
+Upload leases (`tiered.app.cluster`): the daemon uploads, housekeeps and collects only the
+partitions whose lease its node holds; a lease keeper thread renews them, watches the other
+sidecars sharing the bucket, hands partitions over and takes them over, and asks for an
+upload round at once when it gained one. On a clean stop the leases are released, so the
+other sidecars take the partitions over at once instead of a lease time later.
+
 Stopping: the first SIGTERM / SIGINT lets the running job finish (an upload round ends with
 its manifest commits) and then exits 0; a second one abandons the job at once. Abandoning is
 safe because a manifest commit is one atomic compare-and-swap PUT: an object uploaded but
@@ -57,6 +63,7 @@ from tiered.app.scheduler import (
     UPLOAD_BACKOFF_MAX_S,
     Scheduler,
     Stopper,
+    Waker,
     next_upload_delay,
 )
 from tiered.config.units import format_size
@@ -69,6 +76,7 @@ from tiered.store.errors import (
 )
 
 if TYPE_CHECKING:
+    from archiver.leases import LeaseKeeper
     from archiver.service import Archiver, ArchiverStats, PassReport
     from cache.reader import Reader
     from tiered.config import Config
@@ -153,6 +161,13 @@ def _new_archiver(config: Config, store: ObjectStore) -> Archiver:
     return Archiver(config, store)
 
 
+def _new_keeper(config: Config, store: ObjectStore, on_change: Callable[[], None]
+                ) -> LeaseKeeper | None:
+    from tiered.app.cluster import keeper_for
+
+    return keeper_for(config, store, passive=False, on_change=on_change)
+
+
 @contextlib.contextmanager
 def open_reader(config: Config) -> Iterator[Reader]:
     """The daemon's `Reader` over the log dirs and the bucket, closed with its store on exit.
@@ -199,6 +214,8 @@ class Daemon:
         open_store: Callable[[Config], ObjectStore] = _open_store,
         new_archiver: Callable[[Config, ObjectStore], Archiver] = _new_archiver,
         new_reader: Callable[[Config], AbstractContextManager[Reader]] = open_reader,
+        new_keeper: Callable[[Config, ObjectStore, Callable[[], None]],
+                             LeaseKeeper | None] = _new_keeper,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stop: Stopper | None = None,
@@ -209,10 +226,12 @@ class Daemon:
         self._open_store = open_store
         self._new_archiver = new_archiver
         self._new_reader = new_reader
+        self._new_keeper = new_keeper
+        self._scheduler: Scheduler | None = None
         self.reader: Reader | None = None
         self._clock = clock
         self._wall = wall_clock
-        self._stop: Stopper = stop if stop is not None else threading.Event()
+        self._stop: Stopper = stop if stop is not None else Waker()
         self._signals = 0
         self.state = DaemonState(started_s=clock())
         self._upload_delay: float | None = None
@@ -326,12 +345,28 @@ class Daemon:
         try:
             archiver = self._new_archiver(self.config, store)
             try:
-                self._publish(phase="running")
-                self._schedule(archiver, store).run(self._stop)
+                from tiered.app.cluster import leases_for
+
+                keeper = self._new_keeper(self.config, store, self._leases_gained)
+                with leases_for(archiver, keeper, release=True):
+                    self._publish(phase="running")
+                    self._scheduler = self._schedule(archiver, store)
+                    self._scheduler.run(self._stop)
             finally:
+                self._scheduler = None
                 archiver.close()
         finally:
             store.close()
+
+    def _leases_gained(self) -> None:
+        """The lease keeper took partitions over (its thread): upload them now, not after
+        the upload loop's backoff."""
+        scheduler = self._scheduler
+        if scheduler is not None:
+            scheduler.request("upload")
+            wake = getattr(self._stop, "wake", None)
+            if wake is not None:
+                wake()
 
     def _connect(self) -> ObjectStore | None:
         """Open the store, waiting (with /health at 503) while it is unreachable; a store

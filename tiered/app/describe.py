@@ -5,7 +5,8 @@ A row is the JSON object `--json` prints, one per partition:
     topic, partition, high_watermark,
     local  {start_offset, last_offset, size_bytes, segments},
     remote {start_offset, last_offset, size_bytes, segments, archived_manifests},
-    pending_bytes, safe_to_delete_below
+    pending_bytes, safe_to_delete_below,
+    uploader (node holding the upload lease, or None), role ("uploader" | "standby")
 
 Offsets are inclusive; None (JSON null) means "none" (no local segment, nothing in the
 bucket, no high watermark checkpoint). A partition whose manifest could not be read has an
@@ -25,7 +26,7 @@ __all__ = ["COLUMNS", "render_rows", "summary_line"]
 #: column header -> how a row renders in it
 COLUMNS: tuple[str, ...] = (
     "PARTITION", "HIGH WATERMARK", "LOCAL OFFSETS", "LOCAL SIZE", "REMOTE OFFSETS",
-    "REMOTE SIZE", "PENDING", "SAFE TO DELETE BELOW",
+    "REMOTE SIZE", "PENDING", "SAFE TO DELETE BELOW", "UPLOADER", "ROLE",
 )
 #: columns whose values are numbers, aligned right
 _RIGHT = frozenset({"HIGH WATERMARK", "LOCAL SIZE", "REMOTE SIZE", "PENDING",
@@ -80,6 +81,8 @@ def _cells(row: Mapping[str, Any]) -> dict[str, str]:
         "REMOTE SIZE": _segments(remote, _size(remote.get("size_bytes"))),
         "PENDING": _size(row.get("pending_bytes")),
         "SAFE TO DELETE BELOW": _num(row.get("safe_to_delete_below")),
+        "UPLOADER": str(row.get("uploader") or "-"),
+        "ROLE": str(row.get("role") or "-"),
     }
 
 

@@ -131,8 +131,46 @@ class ArchiverCollector(Collector):
         for (topic, partition), value in sorted(stats.pending_bytes_by_partition.items()):
             pending.add_metric([topic, str(partition)], float(value))
         yield pending
+        yield from lease_families(stats.leases)
         yield from store_families({"archive": stats.store_retry_stats,
                                    "read": self._read_store()})
+
+
+#: `LeaseStats` field -> (kind of handover, documentation) of `tiered_lease_handovers_total`
+LEASE_HANDOVERS: dict[str, tuple[str, str]] = {
+    "acquired_total": ("acquired", "a free lease, or this node's own, taken"),
+    "taken_over_total": ("taken_over", "taken from a node that stopped renewing"),
+    "released_total": ("released", "handed over to another node, or released at shutdown"),
+    "lost_total": ("lost", "found taken by another node"),
+}
+
+
+def lease_families(leases: Any) -> Iterator[Metric]:
+    """Upload-lease metrics, labelled by this sidecar's node id (none without leases): leases
+    held, handovers by kind, the store requests the leases cost and failed renewals."""
+    if leases is None or leases.node is None:
+        return
+    node = [leases.node]
+    held = _family("gauge", "leases_held", "Upload leases this sidecar holds: the partitions "
+                   "it uploads.", ["node"])
+    held.add_metric(node, float(leases.held))
+    yield held
+    handovers = _family("counter", "lease_handovers", "Upload leases that changed hands at "
+                        "this sidecar, by kind: " + "; ".join(
+                            f"{kind}: {doc}" for kind, doc in LEASE_HANDOVERS.values()),
+                        ["node", "kind"])
+    for field_name, (kind, _) in LEASE_HANDOVERS.items():
+        handovers.add_metric([*node, kind], float(getattr(leases, field_name)))
+    yield handovers
+    requests = _family("counter", "lease_requests", "Object-store requests the upload leases "
+                       "cost (renewals, watching the other sidecars, handovers).", ["node"])
+    requests.add_metric(node, float(leases.requests_total))
+    yield requests
+    failures = _family("counter", "lease_renew_failures", "Renewals of this sidecar's record "
+                       "that failed; its leases lapse after cloud_storage_upload_lease_ms "
+                       "without one.", ["node"])
+    failures.add_metric(node, float(leases.renew_failures_total))
+    yield failures
 
 
 def store_families(paths: Mapping[str, Mapping[str, int]]) -> Iterator[Metric]:

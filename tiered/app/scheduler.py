@@ -7,12 +7,13 @@ burst of catch-up runs; when several jobs are due they run in the order they wer
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["UPLOAD_BACKOFF_MAX_S", "UPLOAD_BACKOFF_MIN_S", "Scheduler", "Stopper",
+__all__ = ["UPLOAD_BACKOFF_MAX_S", "UPLOAD_BACKOFF_MIN_S", "Scheduler", "Stopper", "Waker",
            "next_upload_delay"]
 
 #: upload-loop backoff while there is nothing to upload (Redpanda's defaults), in seconds
@@ -36,6 +37,37 @@ class _Entry:
     interval_s: float
     action: Callable[[], float | None]
     due_s: float
+    #: `Scheduler.request` asked for a run as soon as possible (set from any thread)
+    requested: bool = False
+
+
+class Waker:
+    """A stop event that can also be woken without being set: `Scheduler.run` waits on it,
+    and `wake` (another thread asking for a job now) ends that wait early."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._set = False
+        self._woken = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._cond:
+            self._set = True
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: self._set or self._woken, timeout)
+            self._woken = False
+            return self._set
 
 
 class Scheduler:
@@ -60,16 +92,28 @@ class Scheduler:
         for entry in self._entries:
             if stop is not None and stop.is_set():
                 break
-            if entry.due_s <= self._clock():
+            if entry.due_s <= self._clock() or entry.requested:
+                entry.requested = False
                 delay = entry.action()
                 entry.due_s = self._clock() + (entry.interval_s if delay is None else delay)
+                if entry.requested:  # asked for again while it ran
+                    entry.due_s = self._clock()
                 ran.append(entry.name)
         return ran
+
+    def request(self, name: str) -> None:
+        """Run job `name` as soon as the scheduler is free (thread-safe; the caller wakes the
+        scheduler's wait, see `Waker`)."""
+        for entry in self._entries:
+            if entry.name == name:
+                entry.requested = True
 
     def seconds_until_due(self) -> float:
         """How long until the next job is due (0 when one already is)."""
         if not self._entries:
             return float("inf")
+        if any(e.requested for e in self._entries):
+            return 0.0
         return max(0.0, min(e.due_s for e in self._entries) - self._clock())
 
     def run(self, stop: Stopper) -> None:

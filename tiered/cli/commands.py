@@ -186,9 +186,15 @@ def archive_command(config_path: Path, once: bool, as_json: bool) -> None:
     """
     if not once:
         raise click.UsageError("archive runs one pass: add --once (the daemon is `tiered run`)")
+    from tiered.app.cluster import keeper_for, leases_for
+
     config = _load(config_path, "archive")
     with _archiver(config, probe="beside", full_speed=True) as archiver, _gc_for_one_pass():
-        report = archiver.run_once()
+        # passive: beside this node's daemon it works under the daemon's leases; alone it
+        # takes only what no running sidecar could, and keeps it for its node's next run
+        keeper = keeper_for(config, archiver.store, passive=True)
+        with leases_for(archiver, keeper, release=False):
+            report = archiver.run_once()
     if as_json:
         click.echo(json.dumps(report_json(report), indent=2))
     else:
@@ -228,6 +234,7 @@ def conditions_line(verdict: dict[str, Any] | None) -> str:
 def describe_storage_command(config_path: Path, topic: str | None, as_json: bool) -> None:
     """Per partition: what is on local disk, what is in the bucket, what waits for upload,
     and the offset below which local deletion is safe. Reads only; changes nothing."""
+    from tiered.app.cluster import lease_view_for
     from tiered.app.describe import render_rows, summary_line
     from tiered.store import check_reachable
     from tiered.store.probe import recorded_verdict
@@ -237,6 +244,7 @@ def describe_storage_command(config_path: Path, topic: str | None, as_json: bool
     # rather than once per partition after a long one
     with _archiver(config, probe=False, max_attempts=DESCRIBE_ATTEMPTS) as archiver:
         check_reachable(archiver.store)
+        archiver.ownership = lease_view_for(config, archiver.store)
         archiver.scan()
         rows = archiver.describe(topic)
         verdict = recorded_verdict(archiver.store)

@@ -54,6 +54,7 @@ class Seen:
     query: str
     headers: dict[str, str]
     faulted: str | None  # the fault served instead of forwarding, if any
+    size: int = 0  # bytes of the request body
 
 
 @dataclass
@@ -94,6 +95,10 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._scripts: list[_Script] = []
         self._seen: list[Seen] = []
+        #: requests matching one of these wait before they are forwarded (`hold`)
+        self._holds: list[_Script] = []
+        self._released = threading.Event()
+        self._waiting = 0
         #: random faults: (probability per request, kinds to draw from, generator)
         self._chaos: tuple[float, tuple[str, ...], random.Random] | None = None
         self.faults_by_kind: dict[str, int] = {}
@@ -158,6 +163,39 @@ class FaultProxy:
         with self._lock:
             self._chaos = (rate, tuple(kinds), random.Random(seed))
 
+    def hold(self, *, method: str | None = None, path_contains: str | None = None,
+             query_contains: str | None = None) -> None:
+        """Keep every request matching the filters waiting, before it is forwarded, until
+        `release_held` (a request the store has not seen yet: an upload in flight)."""
+        with self._lock:
+            self._released.clear()
+            self._holds.append(_Script("hold", 1 << 30, method, path_contains, query_contains,
+                                       None))
+
+    @property
+    def waiting(self) -> int:
+        """Requests held right now."""
+        with self._lock:
+            return self._waiting
+
+    def release_held(self) -> None:
+        """Forward the held requests and hold no more."""
+        with self._lock:
+            self._holds.clear()
+        self._released.set()
+
+    def _wait_if_held(self, method: str, path: str, query: str, headers: dict[str, str]
+                      ) -> None:
+        with self._lock:
+            if not any(h.matches(method, path, query, headers) for h in self._holds):
+                return
+            self._waiting += 1
+        try:
+            self._released.wait(timeout=600)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
     def calm(self) -> None:
         """Stop random faults."""
         with self._lock:
@@ -186,7 +224,7 @@ class FaultProxy:
             self._seen.clear()
 
     def _take_fault(
-        self, method: str, path: str, query: str, headers: dict[str, str]
+        self, method: str, path: str, query: str, headers: dict[str, str], size: int = 0
     ) -> str | None:
         with self._lock:
             for script in self._scripts:
@@ -206,7 +244,7 @@ class FaultProxy:
             if fault is not None:
                 self.faults_by_kind[fault] = self.faults_by_kind.get(fault, 0) + 1
             if self.record:
-                self._seen.append(Seen(method, path, query, headers, fault))
+                self._seen.append(Seen(method, path, query, headers, fault, size))
             return fault
 
     # -- serving ---------------------------------------------------------------------------
@@ -241,7 +279,9 @@ class FaultProxy:
                 body = self._read_body()
                 path, _, query = self.path.partition("?")
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                fault = proxy._take_fault(self.command, path, query, headers)
+                fault = proxy._take_fault(self.command, path, query, headers, len(body))
+                if fault is None:
+                    proxy._wait_if_held(self.command, path, query, headers)
                 if fault == DROP:
                     self.close_connection = True
                     with contextlib.suppress(OSError):

@@ -55,7 +55,7 @@ from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.local_log import PartitionLog
 from tiered.kafka.records import BatchHeader, iter_batch_headers
-from tiered.kafka.segment import LogFile, Segment, build_indexes
+from tiered.kafka.segment import LogFile, RunningChecksum, Segment, build_indexes, indexes_of
 from tiered.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -131,10 +131,12 @@ class PreparedUpload:
 
     candidate: UploadCandidate
     meta: SegmentMeta
-    #: the object: a whole closed `.log` file to stream, or the bytes of a range
+    #: the object: a closed `.log` file to stream (all of it, or `byte_range` of it), or the
+    #: bytes of a range of the active segment
     body: Path | bytes
     #: index kind -> file to stream (closed segment with valid indexes) or bytes (rebuilt)
     indexes: dict[str, Path | bytes]
+    byte_range: tuple[int, int] | None = None
 
 
 def _file_crc(path: Path) -> int:
@@ -217,6 +219,8 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
                 f"no batch starts at offset {cand.begin_inclusive}, where the manifest ends",
                 path=str(log_path))
         begin = header.position
+    if cand.kind is UploadKind.SEGMENT_SUFFIX:
+        return _prepare_suffix(target, cand, log_path, begin, index_interval_bytes)
     with LogFile(log_path, active=False) as f:
         data = f.read(begin, cand.byte_end_exclusive - begin)
     if len(data) != cand.byte_end_exclusive - begin:
@@ -238,6 +242,35 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
         data, base_offset=cand.begin_inclusive, index_interval_bytes=index_interval_bytes,
         path=str(log_path))
     return PreparedUpload(cand, meta, data, {"index": offset_index, "timeindex": time_index})
+
+
+def _prepare_suffix(target: PartitionTarget, cand: UploadCandidate, log_path: Path,
+                    begin: int, index_interval_bytes: int) -> PreparedUpload:
+    """The rest of a closed segment from the batch at byte `begin` (where another writer's
+    upload of the partition ended, inside this replica's segment): every batch walked with
+    its CRC and the range's checksum taken on the way, indexes rebuilt for the slice, and
+    the bytes left in the file to be streamed (a suffix can be most of a 1 GiB segment)."""
+    crc = RunningChecksum(begin)
+    with LogFile(log_path, active=False) as f:
+        end = f.size
+        headers = [h._replace(position=h.position - begin)
+                   for h in f.headers(begin, checksum=crc)]
+    if end != cand.byte_end_exclusive or crc.end != end:
+        raise CorruptSegmentError(f"changed size to {end} bytes since it was planned",
+                                  path=str(log_path), position=begin)
+    if not headers or headers[0].base_offset != cand.begin_inclusive or (
+        headers[-1].last_offset != cand.last_offset
+    ):
+        raise CorruptSegmentError(
+            f"bytes {begin}..{end} do not hold offsets {cand.begin_inclusive}.."
+            f"{cand.last_offset}", path=str(log_path), position=begin)
+    base_ts, max_ts = _timestamps(headers)
+    meta = _meta(target, cand, end - begin, crc.value, base_ts, max_ts)
+    offset_index, time_index = indexes_of(
+        headers, base_offset=cand.begin_inclusive, index_interval_bytes=index_interval_bytes,
+        path=str(log_path))
+    return PreparedUpload(cand, meta, log_path, {"index": offset_index, "timeindex": time_index},
+                          byte_range=(begin, end))
 
 
 def object_keys(m: PartitionManifest, meta: SegmentMeta) -> dict[str, str]:
@@ -266,7 +299,8 @@ def upload(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
     with gate.slots.hold():
         # indexes first: a segment object in the bucket always has its indexes beside it
         sent = put_indexes(store, m, prep, gate.limiter)
-        return sent + _put(store, object_keys(m, prep.meta)["log"], prep.body, gate.limiter)
+        return sent + _put(store, object_keys(m, prep.meta)["log"], prep.body, gate.limiter,
+                           prep.byte_range)
 
 
 def upload_early(store: ObjectStore, m: PartitionManifest, key: str, cand: UploadCandidate,
@@ -310,13 +344,16 @@ def put_indexes(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
     return sum(_put(store, where[kind], source, limiter) for kind, source in prep.indexes.items())
 
 
-def _put(store: ObjectStore, key: str, source: Path | bytes, limiter: TokenBucket | None
-         ) -> int:
-    size = source.stat().st_size if isinstance(source, Path) else len(source)
+def _put(store: ObjectStore, key: str, source: Path | bytes, limiter: TokenBucket | None,
+         byte_range: tuple[int, int] | None = None) -> int:
+    if byte_range is not None:
+        size = byte_range[1] - byte_range[0]
+    else:
+        size = source.stat().st_size if isinstance(source, Path) else len(source)
     if limiter is not None:
         limiter.acquire(size)
     if isinstance(source, Path):
-        store.put_file(key, source)
+        store.put_file(key, source, byte_range=byte_range)
     else:
         store.put(key, source)
     return size

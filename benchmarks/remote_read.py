@@ -107,8 +107,9 @@ class CountingStore(ObjectStore):
         return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     def put_file(self, key: str, path: Path | str, *,
-                 ready: Callable[[], None] | None = None) -> str:
-        return self.inner.put_file(key, path, ready=ready)
+                 ready: Callable[[], None] | None = None,
+                 byte_range: tuple[int, int] | None = None) -> str:
+        return self.inner.put_file(key, path, ready=ready, byte_range=byte_range)
 
     def delete_many(self, keys: Iterable[str]) -> builtins.list[str]:
         return self.inner.delete_many(keys)

@@ -48,8 +48,11 @@ class MemoryStore(ObjectStore):
             return etag
 
     def put_file(self, key: str, path: Path | str, *,
-                 ready: Callable[[], None] | None = None) -> str:
+                 ready: Callable[[], None] | None = None,
+                 byte_range: tuple[int, int] | None = None) -> str:
         data = Path(path).read_bytes()
+        if byte_range is not None:
+            data = data[byte_range[0]:byte_range[1]]
         if ready is not None:
             ready()
         return self.put(key, data)

@@ -163,9 +163,10 @@ class CountingStore(ObjectStore):
         return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     def put_file(self, key: str, path: Path | str, *,
-                 ready: Callable[[], None] | None = None) -> str:
+                 ready: Callable[[], None] | None = None,
+                 byte_range: tuple[int, int] | None = None) -> str:
         self._count("put")
-        return self.inner.put_file(key, path, ready=ready)
+        return self.inner.put_file(key, path, ready=ready, byte_range=byte_range)
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         self._count("get")

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.archiving import Clock, Disk, config_over
@@ -159,8 +160,17 @@ def test_each_partition_is_uploaded_by_its_holder_only(
 
 
 def test_a_new_holder_continues_mid_segment_and_every_offset_reads_back(
-        cluster: tuple[list[Side], Mono, dict], store: ObjectStore, tmp_path: Path) -> None:
+        cluster: tuple[list[Side], Mono, dict], store: ObjectStore, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     sides, mono, values = cluster
+    ranges: list[tuple[int, int] | None] = []
+    put_file = store.put_file
+
+    def spy(key: str, path: Path | str, **kw: Any) -> str:
+        ranges.append(kw.get("byte_range"))
+        return put_file(key, path, **kw)
+
+    monkeypatch.setattr(store, "put_file", spy)
     a, b = sides
     pid = a.partition_of_mine()
     drain(a.archiver)
@@ -187,6 +197,8 @@ def test_a_new_holder_continues_mid_segment_and_every_offset_reads_back(
     after, _ = mstore.load(pid.topic, pid.partition, pid.revision)
     new = [s for s in after.segments if s.base_offset > before.last_offset]
     assert new and new[0].base_offset == before.last_offset + 1  # no gap, no overlap
+    # the straddling segment's rest went up streamed from its file, as a byte range
+    assert any(r is not None and r[0] > 0 for r in ranges)
     assert {s.writer_term for s in new} == {b.keeper.holdings()[pid]}
     assert after.term == b.keeper.holdings()[pid] > before.term
     # a, woken, uploads nothing more for it

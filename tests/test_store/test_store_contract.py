@@ -256,6 +256,35 @@ def test_put_file_ready_raising_leaves_no_object(
     assert list(store.list("seg/")) == []
 
 
+@pytest.mark.parametrize("size", [100, 2 * TEST_MULTIPART_THRESHOLD + 7],
+                         ids=["single", "multipart"])
+def test_put_file_of_a_byte_range_uploads_exactly_those_bytes(
+    store: ObjectStore, tmp_path: Path, size: int
+) -> None:
+    # the rest of a segment after the batch where another writer's upload ended
+    head = 4321
+    data = os.urandom(head + size + 99)
+    src = tmp_path / "segment.log"
+    src.write_bytes(data)
+    seen: list[bool] = []
+    etag = store.put_file("seg/suffix.log", src, byte_range=(head, head + size),
+                          ready=lambda: seen.append(store.exists("seg/suffix.log")))
+    assert seen == [False]
+    assert store.head("seg/suffix.log").size == size
+    assert store.head("seg/suffix.log").etag == etag
+    assert store.get("seg/suffix.log") == data[head:head + size]
+
+
+def test_put_file_of_a_range_past_the_file_is_a_store_error(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    src = tmp_path / "segment.log"
+    src.write_bytes(b"x" * 100)
+    with pytest.raises(StoreError, match="not within"):
+        store.put_file("seg/x.log", src, byte_range=(50, 101))
+    assert not store.exists("seg/x.log")
+
+
 def test_put_file_of_a_missing_file_is_a_store_error(store: ObjectStore, tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="cannot read"):
         store.put_file("seg/x.log", tmp_path / "absent.log")

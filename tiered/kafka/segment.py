@@ -115,17 +115,18 @@ class SegmentSummary:
 
 
 class RunningChecksum:
-    """CRC-32C of a file's bytes from 0, fed the windows a batch walk reads anyway.
+    """CRC-32C of a file's bytes from 0 (or `start`), fed the windows a batch walk reads
+    anyway.
 
     The walk's windows only move forward and each starts inside (or at the end of) the one
     before, so feeding each the bytes past what is already covered checksums every byte once:
     the archiver gets the object's checksum from its verification pass instead of reading the
     segment a second time."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: int = 0) -> None:
         self.value = 0
-        #: bytes [0, end) are in `value`
-        self.end = 0
+        #: bytes [start, end) are in `value` (`start`: where the checksummed range begins)
+        self.end = start
 
     def feed(self, buf: bytes, start: int) -> None:
         """Take the window `buf` read at file position `start`."""
@@ -571,6 +572,16 @@ def _build(
         )
     builder.close()
     return builder
+
+
+def indexes_of(
+    headers: Iterable[BatchHeader], *, base_offset: int, index_interval_bytes: int,
+    path: str | None = None,
+) -> tuple[bytes, bytes]:
+    """`.index` and `.timeindex` bytes for batches already walked (positions from the start
+    of the object they will index), as `build_indexes` makes them from the bytes."""
+    builder = _build(headers, base_offset, index_interval_bytes, path)
+    return builder.offset_index().to_bytes(), builder.time_index().to_bytes()
 
 
 def build_indexes(

@@ -93,6 +93,21 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 UNCONDITIONAL = "none"
 
 
+def file_window(path: Path | str, size: int, byte_range: tuple[int, int] | None,
+                where: str) -> tuple[int, int]:
+    """`(begin, end)` of the bytes of a file of `size` bytes that `put_file` uploads: all of
+    it, or `byte_range` when that lies within it (`StoreError` otherwise)."""
+    if byte_range is None:
+        return 0, size
+    begin, end = byte_range
+    if not 0 <= begin <= end <= size:
+        from tiered.store.errors import StoreError
+
+        raise StoreError(f"put_file {where}: bytes {begin}..{end} are not within {path} "
+                         f"({size} bytes)")
+    return begin, end
+
+
 class RangeStream(Protocol):
     """What `ObjectStore.open_range` returns: `read(n)` gives up to `n` bytes (b"" at the
     end), `close()` lets the connection go."""
@@ -145,10 +160,13 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def put_file(
-        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None
+        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
+        byte_range: tuple[int, int] | None = None,
     ) -> str:
         """Upload a local file (multipart above the threshold, streamed, never read whole into
-        memory) and return its ETag.
+        memory) and return its ETag. `byte_range` `(begin, end)` uploads only those bytes of
+        it (the rest of a segment another writer's upload ended inside); `StoreError` when the
+        file does not hold them.
 
         `ready`, when given, is called once before the object becomes visible at `key`: while
         or after the bytes go up where the store can hold them back (S3 calls it as soon as

@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from tiered.errors import ConfigError
-from tiered.store.base import Blob, ObjectInfo, ObjectStore, RangeStream, StoreSettings
+from tiered.store.base import (
+    Blob,
+    ObjectInfo,
+    ObjectStore,
+    RangeStream,
+    StoreSettings,
+    file_window,
+)
 from tiered.store.errors import AccessDenied, ObjectNotFound, PreconditionFailed, StoreError
 
 log = logging.getLogger(__name__)
@@ -213,18 +220,26 @@ class FileStore(ObjectStore):
         return self._write("put", key, fill, if_none_match=if_none_match, if_match=if_match)
 
     def put_file(
-        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None
+        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
+        byte_range: tuple[int, int] | None = None,
     ) -> str:
         try:
             src = open(path, "rb")  # noqa: SIM115 - closed below, error mapped first
+            begin, end = file_window(path, os.fstat(src.fileno()).st_size, byte_range,
+                                     self._where(key))
         except OSError as exc:
             raise StoreError(f"put_file {self._where(key)}: cannot read {path}: {exc}") from exc
 
         def fill(f: IO[bytes]) -> str:
             digest = hashlib.md5()
-            while chunk := src.read(COPY_CHUNK):
+            src.seek(begin)
+            left = end - begin
+            while left > 0 and (chunk := src.read(min(COPY_CHUNK, left))):
                 digest.update(chunk)
                 f.write(chunk)
+                left -= len(chunk)
+            if left:
+                raise StoreError(f"put_file {self._where(key)}: {path} shrank while read")
             if ready is not None:  # the bytes wait in the temporary file, not yet visible
                 try:
                     ready()

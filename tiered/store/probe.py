@@ -260,13 +260,14 @@ class ProbingStore(ObjectStore):
         return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     def put_file(self, key: str, path: Path | str, *,
-                 ready: Callable[[], None] | None = None) -> str:
+                 ready: Callable[[], None] | None = None,
+                 byte_range: tuple[int, int] | None = None) -> str:
         def proven_then_ready() -> None:
             self.verdict()
             if ready is not None:
                 ready()
 
-        return self.inner.put_file(key, path, ready=proven_then_ready)
+        return self.inner.put_file(key, path, ready=proven_then_ready, byte_range=byte_range)
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         return self.inner.get(key, byte_range)

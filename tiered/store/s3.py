@@ -31,6 +31,7 @@ from tiered.store.base import (
     ObjectStore,
     RangeStream,
     StoreSettings,
+    file_window,
 )
 from tiered.store.errors import (
     AccessDenied,
@@ -292,18 +293,20 @@ class S3Store(ObjectStore):
         return _strip_etag(resp.get("ETag"))
 
     def put_file(
-        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None
+        self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
+        byte_range: tuple[int, int] | None = None,
     ) -> str:
         self._full(key)
         try:
-            size = os.stat(path).st_size
+            begin, end = file_window(path, os.stat(path).st_size, byte_range, self._where(key))
         except OSError as exc:
             raise StoreError(f"put_file {self._where(key)}: cannot read {path}: {exc}") from exc
+        size = end - begin
         if size >= self.settings.multipart_threshold:
             with open(path, "rb") as f:
 
                 def read_part(offset: int, length: int) -> FileRange:
-                    return FileRange(f.fileno(), offset, length, str(path))
+                    return FileRange(f.fileno(), begin + offset, length, str(path))
 
                 return self._multipart(key, size, read_part, ready)
 
@@ -311,13 +314,15 @@ class S3Store(ObjectStore):
             ready()
 
         with open(path, "rb") as f:
-            sums = self._checksum_of(FileRange(f.fileno(), 0, size, str(path)))
+            sums = self._checksum_of(FileRange(f.fileno(), begin, size, str(path)))
 
         def single() -> Any:
-            # reopened per attempt so a retry sends the file from its start
+            # reopened per attempt so a retry sends the bytes from their start
             with open(path, "rb") as f:
-                return self._client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=f,
-                                               **sums)
+                body = f if byte_range is None else FileRange(f.fileno(), begin, size,
+                                                               str(path))
+                return self._client.put_object(Bucket=self.bucket, Key=self.prefix + key,
+                                               Body=body, **sums)
 
         resp = self._call("put_file", key, single)
         self.stats.add(bytes_written=size)

@@ -373,13 +373,16 @@ class Archiver:
     def _save_topic_manifests(self, states: list[_Partition], report: PassReport) -> None:
         """Write each archived topic's manifest the first time and whenever its settings
         change (recovery enumerates topics by these)."""
-        topics: dict[tuple[str, str], int] = {}
+        counts: dict[tuple[str, str], int] = {}
+        archived: set[tuple[str, str]] = set()
         for s in states:
+            key = (s.tp.topic, s.revision)
+            # every local partition counts, uploaded here or by another node's lease
+            counts[key] = max(counts.get(key, 0), s.tp.partition + 1)
             m = s.cursor.manifest
-            if s.cursor.loaded and m is not None and m.last_offset >= 0:
-                key = (s.tp.topic, s.revision)
-                topics[key] = max(topics.get(key, 0), s.tp.partition + 1)
-        for (topic, revision), count in sorted(topics.items()):
+            if m is not None and m.last_offset >= 0:
+                archived.add(key)
+        for (topic, revision), count in sorted((k, counts[k]) for k in archived):
             try:
                 tm = TopicManifest.from_topic_config(
                     self.config.topic_config(topic), revision=revision, partition_count=count)

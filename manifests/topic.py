@@ -8,6 +8,7 @@ written (None = no limit, Kafka's -1), plus any other topic-level overrides verb
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -192,13 +193,23 @@ def load_topic_manifest(
 def save_topic_manifest(store: ObjectStore, manifest: TopicManifest) -> str:
     """Store `manifest` (created with If-None-Match, replaced with If-Match on the version just
     read, so a concurrent save is never torn or silently lost in between). Returns the ETag;
-    an identical stored manifest is left alone."""
-    key, data = manifest.key, encode_topic_manifest(manifest)
+    an identical stored manifest is left alone.
+
+    The partition count never goes down: a Kafka topic only ever gains partitions, and each
+    writer may see only some of them (a sidecar beside a broker holds the replicas on that
+    broker), so the stored count stays the largest any writer saw."""
+    key = manifest.key
 
     def attempt() -> str:
         got = _read(store, key)
         if got is None:
-            return store.put(key, data, if_none_match=True)
+            return store.put(key, encode_topic_manifest(manifest), if_none_match=True)
+        try:
+            stored = decode_topic_manifest(got[0], key=key).partition_count
+        except ManifestError:
+            stored = 0  # a damaged one is replaced whole
+        data = encode_topic_manifest(dataclasses.replace(
+            manifest, partition_count=max(manifest.partition_count, stored)))
         if got[0] == data:
             return got[1]
         return store.put(key, data, if_match=got[1])

@@ -36,8 +36,9 @@ from manifests import keys
 from manifests.collect import referenced_data_names
 from manifests.commit import ManifestStore
 from manifests.lease import PartitionId, read_lease
+from manifests.topic import load_topic_manifest
 from tiered.config import load_config
-from tiered.errors import OffsetOutOfRange
+from tiered.errors import OffsetOutOfRange, TieredError
 from tiered.kafka.builder import encode_batch
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.log_writer import LogWriter, write_high_watermarks
@@ -449,10 +450,18 @@ def run_cluster(work: Path, *, moto: str, bucket: str, seed: int, partitions: in
         endpoint=moto, bucket=bucket, lease_ms=lease_ms, grace_ms=grace_ms))
     reader = Reader(reader_config, bucket_view.store)
     try:
+        topic = load_topic_manifest(bucket_view.store, TOPIC, revision)
+        if topic is None or topic.partition_count != partitions:
+            figures.problems.append(f"the topic manifest says {topic and topic.partition_count} "
+                                    f"partitions, not {partitions}")
         for p in range(partitions):
             written = log.written[p]
             figures.records_written += len(written)
-            got = _read_all(reader, p)
+            try:
+                got = _read_all(reader, p)
+            except TieredError as exc:
+                figures.problems.append(f"reading partition {p} back: {exc}")
+                got = {}
             for offset, want in written.items():
                 rec = got.get(offset)
                 if rec is not None and rec == want:

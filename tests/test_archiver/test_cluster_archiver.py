@@ -19,6 +19,7 @@ from archiver.service import Archiver
 from cache.reader import Reader
 from manifests.commit import ManifestStore
 from manifests.lease import PartitionId
+from manifests.topic import load_topic_manifest
 from tiered.kafka.builder import encode_batch
 from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
 from tiered.kafka.log_writer import LogWriter, write_high_watermarks
@@ -227,3 +228,12 @@ def test_a_standby_deletes_only_what_the_holders_manifest_covers(
     assert left[0] <= m.last_offset + 1
     row = next(r for r in report.partitions if r.partition == pid.partition)
     assert row.safe_to_delete_below is not None and row.safe_to_delete_below <= m.last_offset + 1
+
+
+def test_the_topic_manifest_counts_every_local_partition_not_only_those_uploaded_here(
+        cluster: tuple[list[Side], Mono, dict], store: ObjectStore) -> None:
+    sides, _, _ = cluster
+    first = next(s for s in sides if s.partition_of_mine().partition == 0)
+    drain(first.archiver)  # it uploads partition 0 only; partition 1 is the other's
+    topic = load_topic_manifest(store, TOPIC, REVISION)
+    assert topic is not None and topic.partition_count == 2

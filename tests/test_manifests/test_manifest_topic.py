@@ -136,6 +136,17 @@ def test_save_load_and_enumerate_for_recovery(store: ObjectStore) -> None:
     assert found == {("orders", first.revision)} | {(t.topic, t.revision) for t in others}
 
 
+def test_the_saved_partition_count_never_goes_down(store: ObjectStore) -> None:
+    # sidecars beside different brokers each see only the partitions they have replicas of
+    save_topic_manifest(store, orders(partition_count=24))
+    save_topic_manifest(store, orders(partition_count=19, retention_ms=1000))
+    stored = load_topic_manifest(store, "orders", orders().revision)
+    assert stored == orders(partition_count=24, retention_ms=1000)
+    save_topic_manifest(store, orders(partition_count=30, retention_ms=1000))
+    assert load_topic_manifest(store, "orders", orders().revision) == orders(
+        partition_count=30, retention_ms=1000)
+
+
 def test_topic_manifest_under_the_wrong_key_is_refused(store: ObjectStore) -> None:
     t = orders()
     store.put(keys.topic_manifest_key("other", t.revision), encode_topic_manifest(t))

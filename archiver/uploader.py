@@ -230,18 +230,24 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
         headers = list(iter_batch_headers(data, path=str(log_path)))
     except CorruptSegmentError as err:
         raise err.at(path=str(log_path), base_position=begin) from None
-    if not headers or headers[0].base_offset != cand.begin_inclusive or (
-        headers[-1].last_offset != cand.last_offset
-    ):
-        raise CorruptSegmentError(
-            f"bytes {begin}..{cand.byte_end_exclusive} do not hold offsets "
-            f"{cand.begin_inclusive}..{cand.last_offset}", path=str(log_path), position=begin)
+    _check_holds(headers, cand, log_path, begin, cand.byte_end_exclusive)
     base_ts, max_ts = _timestamps(headers)
     meta = _meta(target, cand, len(data), crc32c.crc32c(data), base_ts, max_ts)
     offset_index, time_index = build_indexes(
         data, base_offset=cand.begin_inclusive, index_interval_bytes=index_interval_bytes,
         path=str(log_path))
     return PreparedUpload(cand, meta, data, {"index": offset_index, "timeindex": time_index})
+
+
+def _check_holds(headers: Sequence[BatchHeader], cand: UploadCandidate, log_path: Path,
+                 begin: int, end: int) -> None:
+    """The batches read from bytes `[begin, end)` must be exactly the planned offsets."""
+    if not headers or headers[0].base_offset != cand.begin_inclusive or (
+        headers[-1].last_offset != cand.last_offset
+    ):
+        raise CorruptSegmentError(
+            f"bytes {begin}..{end} do not hold offsets {cand.begin_inclusive}.."
+            f"{cand.last_offset}", path=str(log_path), position=begin)
 
 
 def _prepare_suffix(target: PartitionTarget, cand: UploadCandidate, log_path: Path,
@@ -258,12 +264,7 @@ def _prepare_suffix(target: PartitionTarget, cand: UploadCandidate, log_path: Pa
     if end != cand.byte_end_exclusive or crc.end != end:
         raise CorruptSegmentError(f"changed size to {end} bytes since it was planned",
                                   path=str(log_path), position=begin)
-    if not headers or headers[0].base_offset != cand.begin_inclusive or (
-        headers[-1].last_offset != cand.last_offset
-    ):
-        raise CorruptSegmentError(
-            f"bytes {begin}..{end} do not hold offsets {cand.begin_inclusive}.."
-            f"{cand.last_offset}", path=str(log_path), position=begin)
+    _check_holds(headers, cand, log_path, begin, end)
     base_ts, max_ts = _timestamps(headers)
     meta = _meta(target, cand, end - begin, crc.value, base_ts, max_ts)
     offset_index, time_index = indexes_of(

@@ -35,6 +35,7 @@ from typing import Any
 import crc32c
 from click.testing import CliRunner
 from faultproxy import DROP, DROP_AFTER, FaultProxy
+from support.configs import s3_section
 from support.processes import child_env, tiered_command
 
 from manifests import ManifestStore
@@ -162,14 +163,7 @@ def write_quiet_topic(log_dir: Path, rng: random.Random, topic_id: uuid.UUID
 
 def write_config(path: Path, *, endpoint: str, bucket: str, log_dir: Path, cache_dir: Path,
                  grace_ms: int) -> Path:
-    path.write_text(f"""
-[storage]
-url = "s3://{bucket}/chaos"
-endpoint_url = "{endpoint}"
-region = "us-east-1"
-access_key = "testing"
-secret_key = "testing"
-
+    path.write_text(s3_section(endpoint, bucket, "chaos") + f"""
 [log]
 dirs = ["{log_dir}"]
 retention = "enforce"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from faultproxy import FaultProxy
+from support.configs import s3_section
 from support.processes import child_env, tiered_command
 
 from manifests import keys
@@ -160,14 +161,7 @@ class ReplicatedLog(threading.Thread):
 
 def write_sidecar_config(path: Path, *, node: str, log_dir: Path, cache_dir: Path,
                          endpoint: str, bucket: str, lease_ms: int, grace_ms: int) -> Path:
-    path.write_text(f"""
-[storage]
-url = "s3://{bucket}/cluster"
-endpoint_url = "{endpoint}"
-region = "us-east-1"
-access_key = "testing"
-secret_key = "testing"
-
+    path.write_text(s3_section(endpoint, bucket, "cluster") + f"""
 [log]
 dirs = ["{log_dir}"]
 retention = "enforce"

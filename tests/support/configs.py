@@ -34,3 +34,16 @@ def config_over(
         "topics": {name: dict(t) for name, t in (topics or {}).items()},
     }
     return parse_config(data, source="test", base_dir=tmp_path)
+
+
+def s3_section(endpoint: str, bucket: str, prefix: str = "") -> str:
+    """A TOML `[storage]` section for the test S3 server (moto's keys), for configs a test
+    writes as files for `tiered` processes."""
+    url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+    return f"""[storage]
+url = "{url}"
+endpoint_url = "{endpoint}"
+region = "us-east-1"
+access_key = "testing"
+secret_key = "testing"
+"""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import crc32c
 from click.testing import CliRunner
+from support.configs import s3_section
 from support.processes import child_env, tiered_command
 
 from archiver.service import revision_of
@@ -143,14 +144,7 @@ def test_kill_9_during_uploads_loses_nothing(moto_endpoint: str, s3_bucket: str,
     rng = random.Random(seed)
     log_dir = tmp_path / "log"
     config_path = tmp_path / "tiered.toml"
-    config_path.write_text(f"""
-[storage]
-url = "s3://{s3_bucket}"
-endpoint_url = "{moto_endpoint}"
-region = "us-east-1"
-access_key = "testing"
-secret_key = "testing"
-
+    config_path.write_text(s3_section(moto_endpoint, s3_bucket) + f"""
 [log]
 dirs = ["{log_dir}"]
 retention = "enforce"

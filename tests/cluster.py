@@ -17,6 +17,7 @@ sidecars x 24 partitions and reports upload amplification, failover time and lea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import signal
@@ -255,11 +256,13 @@ def wait_for(what: str, check: Callable[[], bool], timeout_s: float, every_s: fl
 
 
 class Bucket:
-    """The test's own view of the bucket (no proxy), for leases and manifests."""
+    """The test's own view of the bucket, straight at the S3 server (`endpoint`: none of its
+    requests passes a sidecar's proxy or counts as one), for leases and manifests."""
 
-    def __init__(self, config: Path, partitions: list[PartitionId]) -> None:
+    def __init__(self, config: Path, endpoint: str, partitions: list[PartitionId]) -> None:
         self.config = load_config(config)
-        self.store: ObjectStore = open_store(self.config.store_settings(), probe=False)
+        settings = dataclasses.replace(self.config.store_settings(), endpoint_url=endpoint)
+        self.store: ObjectStore = open_store(settings, probe=False)
         self.mstore = ManifestStore(self.store)
         self.partitions = partitions
 
@@ -323,7 +326,7 @@ def run_cluster(work: Path, *, moto: str, bucket: str, seed: int, partitions: in
     nodes = [Sidecar(f"n{i + 1}", work, dirs[i], moto, bucket, lease_ms=lease_ms,
                      grace_ms=grace_ms) for i in range(3)]
     n1, n2, n3 = nodes
-    bucket_view = Bucket(n1.config, pids)
+    bucket_view = Bucket(n1.config, moto, pids)
     lease_s = lease_ms / 1000
 
     def spread(names: list[str]) -> bool:

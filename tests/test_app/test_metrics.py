@@ -3,6 +3,7 @@ server that serves them and routes other paths (real HTTP on 127.0.0.1, ephemera
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import urllib.error
@@ -119,6 +120,28 @@ def test_store_metrics_are_labelled_by_path_with_bytes_and_latency() -> None:
     assert samples[("tiered_store_request_seconds_bucket", (("le", "5.0"), *read))] == 4
     assert samples[("tiered_store_request_seconds_bucket", (("le", "+Inf"), *read))] == 5
     assert samples[("tiered_store_request_seconds_sum", read)] == pytest.approx(102.041)
+
+
+def test_upload_leases_are_exported_by_node_and_kind() -> None:
+    from prometheus_client import generate_latest
+
+    from archiver.leases import LeaseStats
+
+    def stats() -> ArchiverStats:
+        return dataclasses.replace(_stats(), leases=LeaseStats(
+            node="broker-2", held=8, acquired_total=9, taken_over_total=4, released_total=3,
+            lost_total=1, requests_total=500, renew_failures_total=2))
+
+    samples = _samples(generate_latest(make_registry(ArchiverCollector(stats))).decode())
+    node = (("node", "broker-2"),)
+    assert samples[("tiered_leases_held", node)] == 8
+    for kind, value in (("acquired", 9), ("taken_over", 4), ("released", 3), ("lost", 1)):
+        assert samples[("tiered_lease_handovers_total", (("kind", kind), *node))] == value
+    assert samples[("tiered_lease_requests_total", node)] == 500
+    assert samples[("tiered_lease_renew_failures_total", node)] == 2
+    # without leases (a sole writer) there is no node, and no lease metric
+    plain = generate_latest(make_registry(ArchiverCollector(_stats))).decode()
+    assert "tiered_lease" not in plain
 
 
 def test_no_stats_yet_exports_nothing_rather_than_zeros() -> None:

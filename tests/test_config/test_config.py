@@ -879,3 +879,39 @@ def test_docs_list_every_property(scope: str) -> None:
         assert f"`{prop.name}`" in match.group(1)
         for alias in prop.aliases:
             assert f"`{alias}`" in text
+
+
+# --- the node id (upload leases) -------------------------------------------------------------
+
+
+def test_node_id_is_the_configured_one(in_tmp: Path) -> None:
+    assert load(BASE + '[node]\nid = "broker-7"\n').node_id() == "broker-7"
+
+
+def test_node_id_defaults_to_the_brokers_own_from_meta_properties(in_tmp: Path) -> None:
+    log = in_tmp / "kafka-logs"
+    log.mkdir()
+    (log / "meta.properties").write_text(
+        "#\n#Tue Nov 25 10:00:00 UTC 2026\ncluster.id=abc\nnode.id=3\nversion=1\n")
+    assert load(BASE + f'[log]\ndirs = ["{log}"]\n').node_id() == "3"
+    (log / "meta.properties").write_text("version=0\nbroker.id=11\n")  # ZooKeeper-era
+    assert load(BASE + f'[log]\ndirs = ["{log}"]\n').node_id() == "11"
+
+
+def test_node_id_falls_back_to_the_host_name_made_legal(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "web 1:prod")
+    assert load(BASE).node_id() == "web-1-prod"
+
+
+@pytest.mark.parametrize("value", ['""', '"a/b"', '".."', '"' + "x" * 65 + '"', "3"])
+def test_a_bad_node_id_is_an_error_naming_the_key(in_tmp: Path, value: str) -> None:
+    (problem,) = problems_of(BASE + f"[node]\nid = {value}\n")
+    assert problem.startswith("tiered.toml: [node] id: ")
+
+
+def test_an_unknown_node_key_is_an_error(in_tmp: Path) -> None:
+    (problem,) = problems_of(BASE + '[node]\nname = "a"\n')
+    assert problem.startswith("tiered.toml: [node] name: unknown key")

@@ -356,9 +356,18 @@ class LeaseKeeper:
             if now >= self._state.valid_until:
                 for lease in self._state.held.values():
                     lease.verified = False  # a lapse: another node may have taken them over
+        due = now - self._last_renew >= self.renew_s * 0.95
+        if due and not self.passive:
+            # first and on its own: a listing that fails must not cost the leases
+            try:
+                self._renew()
+            except (TieredError, OSError) as err:
+                log.warning("upload leases: renewing the record of node %s failed (%s); its "
+                            "leases lapse %.1f s after the last renewal", self._node, err,
+                            self.lease_s - self.renew_s)
         try:
             self._observe(now)
-            if self._guest is False and now - self._last_renew >= self.renew_s * 0.95:
+            if due and self.passive and not self._guest:  # see _observe: guest or not
                 self._renew()
             self._verify()
             members = self._members()

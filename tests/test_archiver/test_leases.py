@@ -5,6 +5,7 @@ its lease can never commit again; invariant 6: the lease generation is the write
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import pytest
 
@@ -225,3 +226,29 @@ def test_two_processes_of_one_node_share_its_leases(
     settle(clock, [first, second])
     assert first.holdings() == second.holdings() and set(first.holdings()) == set(PARTS)
 
+
+
+def test_a_holder_that_cannot_list_keeps_its_leases_while_it_can_renew(
+        proxied_s3_store: Callable[..., ObjectStore], fault_proxy: Any, clock: Clock) -> None:
+    store = proxied_s3_store()
+    keeper = LeaseKeeper(store, ManifestStore(store), "a", LEASE_MS, clock=clock,
+                         wall=clock.wall)
+    keeper.publish({p: 1000 for p in PARTS})
+    keeper.tick()
+    assert set(keeper.holdings()) == set(PARTS)
+    # every listing of the node records fails from now on; renewals (PUTs) still work
+    fault_proxy.inject("internal", times=10_000, method="GET", query_contains="prefix=")
+    for _ in range(4 * 6):  # four lease times
+        clock.t += LEASE_MS / 6000
+        keeper.tick()
+        assert all(keeper.role(p).uploader for p in PARTS)
+    assert keeper.stats().renew_failures_total == 0
+    # and when renewals fail too, it stands by a lease time less a renewal after the last one
+    fault_proxy.inject("internal", times=10_000, method="PUT")
+    lapse_at = clock.t + (LEASE_MS - LEASE_MS / 3) / 1000
+    while clock.t < lapse_at + LEASE_MS / 1000:
+        clock.t += LEASE_MS / 6000
+        keeper.tick()
+        if clock.t >= lapse_at:
+            assert not any(keeper.role(p).uploader for p in PARTS)
+    assert keeper.stats().renew_failures_total > 0

@@ -42,7 +42,7 @@ from typing import Protocol
 from archiver.assignment import Member, Moves, plan_moves
 from manifests import ops
 from manifests.commit import ManifestStore
-from manifests.errors import StaleTerm
+from manifests.errors import CorruptManifest, StaleTerm
 from manifests.lease import (
     Lease,
     NodeRecord,
@@ -245,6 +245,8 @@ class LeaseKeeper:
         self._unheld_since: dict[PartitionId, float] = {}
         #: nodes holding partitions the assignment gives this one
         self._waiting_on: set[str] = set()
+        #: damaged objects already reported
+        self._warned: set[str] = set()
         #: this node's own record was renewed recently by another process (a daemon beside
         #: an `archive --once`): a passive keeper then leaves the record to it
         self._guest = False
@@ -454,7 +456,11 @@ class LeaseKeeper:
                     reads[node] = None
         for node in reads:
             self._count()
-            reads[node] = read_node_record(self.store, node)
+            try:
+                reads[node] = read_node_record(self.store, node)
+            except CorruptManifest as err:  # another node's problem must not stop this one
+                self._warn_once(f"node {node}", f"the record of node {node} is unreadable "
+                                f"({err}); counting that node out")
         with self._lock:
             for node, got in reads.items():
                 seen = self._seen[node]
@@ -558,7 +564,7 @@ class LeaseKeeper:
                         doubtful.append(pid)
         for pid in dict.fromkeys(doubtful):
             self._count()
-            lease, etag = read_lease(self.store, pid)
+            lease, etag = self._read_lease(pid)
             try:
                 if lease is not None and lease.holder == self._node and self._own(
                         pid, lease, etag):
@@ -572,6 +578,23 @@ class LeaseKeeper:
             log.warning("%s: upload lease now held by %s; this node stands by", pid,
                         holder or "nobody")
 
+    def _read_lease(self, pid: PartitionId) -> tuple[Lease | None, str | None]:
+        """The partition's lease and ETag. A damaged lease object reads as a free lease of
+        generation 0 with the damaged object's ETag, so the next holder replaces it (by
+        compare-and-swap) instead of the partition going without an uploader for good."""
+        try:
+            return read_lease(self.store, pid)
+        except CorruptManifest as err:
+            self._warn_once(f"lease {pid}", f"{pid}: the upload lease object is damaged "
+                            f"({err}); it is replaced when the partition is next taken")
+            self._count()
+            return None, self.store.head(pid.lease_key).etag
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("%s", message)
+
     def _release(self, pid: PartitionId, *, reason: str) -> int:
         """Hand `pid`'s lease back (free, same generation), once the archiver is idle on it.
         1 when released, 0 when it has to wait (busy) or was not ours any more."""
@@ -581,7 +604,7 @@ class LeaseKeeper:
             with self._lock:
                 self._state.held.pop(pid, None)  # no new round starts on it from here
             self._count()
-            lease, etag = read_lease(self.store, pid)
+            lease, etag = self._read_lease(pid)
             if lease is None or lease.holder != self._node:
                 return 0
             free = Lease(pid, None, lease.generation, int(self._wall() * 1000))
@@ -613,7 +636,7 @@ class LeaseKeeper:
         works is safe, only wasteful: the new generation fences its commits."""
         for _ in range(ACQUIRE_ATTEMPTS):
             self._count()
-            lease, etag = read_lease(self.store, pid)
+            lease, etag = self._read_lease(pid)
             if lease is not None and lease.holder == self._node:
                 # this node's already (another process of it, or before a restart)
                 try:

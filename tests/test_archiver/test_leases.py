@@ -252,3 +252,21 @@ def test_a_holder_that_cannot_list_keeps_its_leases_while_it_can_renew(
         if clock.t >= lapse_at:
             assert not any(keeper.role(p).uploader for p in PARTS)
     assert keeper.stats().renew_failures_total > 0
+
+
+def test_a_damaged_record_of_another_node_does_not_stop_this_one(
+        store: ObjectStore, clock: Clock, make: Callable[..., LeaseKeeper]) -> None:
+    store.put("_tiered/nodes/broken.json", b"{not json")
+    a = make("a")
+    settle(clock, [a])
+    assert set(a.holdings()) == set(PARTS)
+
+
+def test_a_damaged_lease_object_is_replaced_when_the_partition_is_taken(
+        store: ObjectStore, clock: Clock, make: Callable[..., LeaseKeeper]) -> None:
+    store.put(PARTS[0].lease_key, b'{"version":1,"kind":"lease"}')
+    a = make("a")
+    settle(clock, [a])
+    assert set(a.holdings()) == set(PARTS)
+    lease, _ = read_lease(store, PARTS[0])
+    assert lease is not None and lease.holder == "a"

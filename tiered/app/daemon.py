@@ -129,11 +129,19 @@ class _Abandon(BaseException):
 def check_log_dirs(config: Config, command: str) -> None:
     """Refuse a configuration without usable log dirs before anything starts: no `[log] dirs`,
     or a dir that does not exist (a typo or an unmounted disk would otherwise look like an
-    empty log, and `archive --once` would succeed having archived nothing)."""
+    empty log, and `archive --once` would succeed having archived nothing). `dirs = []` is
+    accepted by `run` alone: a history server for the bucket, with no local log."""
     if not config.log_dirs:
+        if config.history_server and command == "run":
+            return
+        if config.history_server:
+            raise ConfigError(
+                f"{config.source}: [log] dirs is empty: tiered {command} needs the broker's log "
+                "directories (an empty list only suits `tiered run` as a history server)")
         raise ConfigError(
             f"{config.source}: [log] dirs is not set: tiered {command} needs the broker's log "
-            "directories, e.g. dirs = [\"/var/lib/kafka/data\"]"
+            "directories, e.g. dirs = [\"/var/lib/kafka/data\"] (or dirs = [] for `tiered run` "
+            "as a history server serving the bucket alone)"
         )
     problems = [f"{config.source}: [log] dirs: {d} does not exist or is not a directory"
                 for d in config.log_dirs if not d.is_dir()]

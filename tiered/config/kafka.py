@@ -19,6 +19,7 @@ the certificate files load is checked when the daemon starts (`tiered.app.kafka_
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from collections.abc import Callable, Mapping
@@ -168,8 +169,10 @@ def parse_kafka(table: object, base: Path, add: Callable[[str, str], None]
         ok = False
     if not ok:
         return None
-    config = KafkaConfig(listen[0], listen[1], *(advertised or (None, None)),
-                         *(tls or (None, None)), **numbers)
+    adv_host, adv_port = advertised if advertised is not None else (None, None)
+    cert, key = tls if tls is not None else (None, None)
+    config = dataclasses.replace(
+        KafkaConfig(listen[0], listen[1], adv_host, adv_port, cert, key), **numbers)
     if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms:
         add("[kafka] group_min_session_timeout_ms",
             "must not exceed group_max_session_timeout_ms")

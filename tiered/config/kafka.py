@@ -150,7 +150,7 @@ def parse_kafka(table: object, base: Path, add: Callable[[str, str], None]
             "interface): clients need an address they can connect to, e.g. \"broker1:9092\"")
         ok = False
     tls = _tls_paths(table, base, add)
-    numbers: dict[str, int] = {}
+    numbers: dict[str, Any] = {}  # KafkaConfig field -> value
     for key, (parse, lowest) in _NUMBERS.items():
         if key not in table:
             continue

@@ -25,7 +25,7 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from support.remote import archive
+from support.remote import LogImage, archive
 from tiered.app.daemon import Daemon, DaemonOptions
 from tiered.config import Config, parse_config
 from tiered.kafka.checkpoints import TopicPartition
@@ -186,9 +186,26 @@ class History:
     #: (topic, partition) -> the local log start after the deletion
     local_start: dict[tuple[str, int], int]
     txn: Transactions
+    #: (topic, partition) -> every batch as stored: (base offset, last offset, bytes)
+    batches: dict[tuple[str, int], list[tuple[int, int, bytes]]]
+    #: (topic, partition) -> one past the last offset in the bucket
+    archived_end: dict[tuple[str, int], int]
 
     def config(self, **kw: Any) -> Any:
         return kafka_config(self.base, self.storage, dirs=[self.log_dir], **kw)
+
+    def expected_bytes(self, topic: str, partition: int, offset: int, max_bytes: int,
+                       *, first: bool = True) -> bytes:
+        """Kafka's answer: whole batches from the one holding `offset` while they fit
+        `max_bytes`, the first whatever its size when `first`."""
+        out = b""
+        for _base, last, data in self.batches[(topic, partition)]:
+            if last < offset:
+                continue
+            if len(out) + len(data) > max_bytes and (out or not first):
+                break
+            out += data
+        return out
 
 
 def build_history(moto_endpoint: str, base: Path) -> History:
@@ -207,6 +224,7 @@ def build_history(moto_endpoint: str, base: Path) -> History:
     txn_end = write_transactions(log_dir, TXN_TOPIC, seed=3)
     # every record, read before anything is deleted
     records = {(TOPIC, p): read_log(log_dir / f"{TOPIC}-{p}")[0] for p in ends}
+    batches = {(TOPIC, p): LogImage.of(log_dir / f"{TOPIC}-{p}").batches for p in ends}
     txn = read_log(log_dir / f"{TXN_TOPIC}-0")[1]
     assert txn.aborted_offsets and txn.control_offsets, "the log needs aborted transactions"
     config = kafka_config(base, storage, dirs=[log_dir])
@@ -223,8 +241,10 @@ def build_history(moto_endpoint: str, base: Path) -> History:
     tail = [r for r in read_log(log_dir / f"{TOPIC}-0")[0] if r.offset >= ends[0]]
     assert tail
     records[(TOPIC, 0)] += tail
-    return History(base, log_dir, storage, records, local_start, txn)
-
+    batches[(TOPIC, 0)] += [b for b in LogImage.of(log_dir / f"{TOPIC}-0").batches
+                            if b[0] >= ends[0]]
+    archived = {(TOPIC, p): end for p, end in ends.items()} | {(TXN_TOPIC, 0): txn_end}
+    return History(base, log_dir, storage, records, local_start, txn, batches, archived)
 
 
 # --- the daemon --------------------------------------------------------------------------------

@@ -52,7 +52,13 @@ from typing import TYPE_CHECKING, Any
 
 from tiered.app.health import DaemonState, JobCounters, health_of
 from tiered.app.http_server import MetricsServer, Response
-from tiered.app.metrics import ArchiverCollector, JobsCollector, ReaderCollector, make_registry
+from tiered.app.metrics import (
+    ArchiverCollector,
+    JobsCollector,
+    KafkaCollector,
+    ReaderCollector,
+    make_registry,
+)
 from tiered.app.scheduler import (
     UPLOAD_BACKOFF_MAX_S,
     Scheduler,
@@ -220,6 +226,8 @@ class Daemon:
         self._new_archiver = new_archiver
         self._new_reader = new_reader
         self.reader: Reader | None = None
+        #: the Kafka endpoint ([kafka] section), bound below; None without one
+        self.kafka: KafkaServer | None = None
         self._clock = clock
         self._wall = wall_clock
         self._stop: Stopper = stop if stop is not None else threading.Event()
@@ -232,6 +240,7 @@ class Daemon:
             ArchiverCollector(lambda: self.state.stats, self._reader_store_stats),
             JobsCollector(lambda: self.state.jobs, lambda: self.state.store_up),
             ReaderCollector(self._reader_stats),
+            KafkaCollector(lambda: None if self.kafka is None else self.kafka.stats()),
         )
         try:
             self.server = MetricsServer(

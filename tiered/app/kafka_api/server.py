@@ -173,10 +173,18 @@ class KafkaServer:
         deadline = time.monotonic() + DRAIN_S
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        left = sum(t.is_alive() for t in threads)
+        left = [t for t in threads if t.is_alive()]
         if left:
-            log.warning("kafka: %d connection(s) still busy after %.0f s; closing anyway", left,
-                        DRAIN_S)
+            # a client that stopped reading holds its thread in a write: cut it off
+            log.warning("kafka: %d connection(s) still busy after %.0f s; closing them",
+                        len(left), DRAIN_S)
+            with self._lock:
+                conns = list(self._conns.values())
+            for sock in conns:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            for thread in left:
+                thread.join(1.0)
         self._sock.close()
 
     # -- connections ---------------------------------------------------------------------

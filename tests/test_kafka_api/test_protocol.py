@@ -45,16 +45,15 @@ def _fetch(client: RawClient, version: int, partitions: list[tuple[int, int, int
                         current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)
                   for p, o, m in partitions)
     ident = {"topic_id": topic_id} if version >= 13 else {"topic": topic}
-    if version >= 15:
-        ident["replica_state"] = build(nested(cls, "ReplicaState"), replica_id=-1,
-                                       replica_epoch=-1)
+    # v15+ say who fetches in a struct instead of replica_id
+    replica_state = build(nested(cls, "ReplicaState"), replica_id=-1,
+                          replica_epoch=-1) if version >= 15 else None
     return client.request(build(
-        cls, replica_id=-1, max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes,
+        cls, replica_id=-1, replica_state=replica_state,
+        max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=min_bytes,
         max_bytes=max_bytes, isolation_level=isolation, session_id=0, session_epoch=-1,
-        topics=(build(topic_cls, partitions=parts,
-                      **{k: v for k, v in ident.items() if k != "replica_state"}),),
-        forgotten_topics_data=(),
-        rack_id="", **{k: v for k, v in ident.items() if k == "replica_state"}))
+        topics=(build(topic_cls, partitions=parts, **ident),), forgotten_topics_data=(),
+        rack_id=""))
 
 
 def _topic_id(client: RawClient, topic: str) -> uuid.UUID:

@@ -85,7 +85,8 @@ def write_log(log_dir: Path, size: int, segment: int) -> tuple[list[Path], int]:
     return closed, end
 
 
-def config_text(work: Path, endpoint: str, port: int, prefetch: int, cache_dir: Path) -> str:
+def config_text(work: Path, endpoint: str, port: int, prefetch: int, chunk: int,
+                cache_dir: Path) -> str:
     return textwrap.dedent(f"""\
         [storage]
         url = "s3://{BUCKET}"
@@ -108,6 +109,7 @@ def config_text(work: Path, endpoint: str, port: int, prefetch: int, cache_dir: 
         storage_min_free_bytes = 0
         cloud_storage_cache_size = {64 * 1024 * MIB}
         cloud_storage_chunk_prefetch = {prefetch}
+        cloud_storage_cache_chunk_size = {chunk}
         # keep every chunk a reader passed until the cache needs room (the default, eager,
         # lets a chunk go once its reader moved on): the second run then reads a warm cache
         cloud_storage_chunk_eviction_strategy = "capped"
@@ -243,6 +245,7 @@ def run(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--size-mb", type=int, default=288, help="archived history, MiB")
     parser.add_argument("--segment-mb", type=int, default=64)
     parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--chunk-mb", type=int, default=16, help="cache chunk size, MiB")
     parser.add_argument("--kafka-python-mb", type=int, default=64,
                         help="history kafka-python reads, MiB")
     parser.add_argument("--rounds", type=int, default=3,
@@ -261,6 +264,7 @@ def run(argv: list[str]) -> dict[str, Any]:
                               "segment_bytes": args.segment_mb * MIB,
                               "batch_bytes": RECORDS_PER_BATCH * RECORD_BYTES,
                               "prefetch_chunks": args.prefetch,
+                              "chunk_bytes": args.chunk_mb * MIB,
                               "confluent_partition_fetch_bytes": (
                                   None if args.fetch_kb is None else args.fetch_kb * 1024)}
     _template_bytes, expected_values = _template(7)
@@ -270,8 +274,8 @@ def run(argv: list[str]) -> dict[str, Any]:
             progress(f"writing {args.size_mb} MiB in {args.segment_mb} MiB segments")
             closed, end = write_log(work / "logs", args.size_mb * MIB, args.segment_mb * MIB)
             kafka_port = free_port()
-            (work / "tiered.toml").write_text(config_text(work, moto.endpoint, kafka_port,
-                                                          args.prefetch, cache_dir))
+            (work / "tiered.toml").write_text(config_text(
+                work, moto.endpoint, kafka_port, args.prefetch, args.chunk_mb * MIB, cache_dir))
             config = parse_config(tomllib.loads((work / "tiered.toml").read_text()),
                                   source="benchmark", base_dir=work)
             progress("archiving it")

@@ -1,6 +1,7 @@
-"""Fixtures of the Kafka-endpoint tests: Kafka logs archived by the real archiver into a bucket
-on moto's S3 server (real HTTP on 127.0.0.1) and partly deleted locally, so every consumer
-reads across the bucket-to-local boundary, and a `tiered run` daemon serving them.
+"""Fixtures of the Kafka-endpoint tests (tests/test_kafka_api/), loaded by the root conftest:
+Kafka logs archived by the real archiver into a bucket on moto's S3 server (real HTTP on
+127.0.0.1) and partly deleted locally, so every consumer reads across the bucket-to-local
+boundary, and a `tiered run` daemon serving them.
 
 Topics (records are varied: null keys and values, headers, every codec):
 * `history`, partitions 0 and 1: archived, then local segments below about the middle
@@ -13,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from support.kafka_endpoint import History, build_history, ensure_kcat, running
 
+from support.kafka_endpoint import History, build_history, ensure_kcat, running
 from tiered.app.daemon import Daemon
 
 

@@ -17,13 +17,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cache.reader import Reader
 from manifests.topic import iter_topic_manifest_keys
 from tiered.errors import TieredError
-from tiered.kafka.checkpoints import topic_id_from_str
+from tiered.kafka.checkpoints import TopicPartition, topic_id_from_str
+from tiered.kafka.local_log import PartitionLog
 from tiered.topics import is_internal_topic, topic_name_problem
 
 __all__ = ["Catalog", "Topic", "topic_id_of"]
@@ -65,12 +66,16 @@ class Catalog:
         self._names: dict[uuid.UUID, str] = {}
         self._listing: tuple[float, list[str]] | None = None
 
-    def topic(self, name: str) -> Topic | None:
+    def topic(self, name: str, local_log: Mapping[TopicPartition, PartitionLog] | None = None
+              ) -> Topic | None:
         """The topic, or None when neither the log dirs nor the bucket know it (or its name is
-        illegal). `TieredError` when the bucket cannot be asked and the topic is not local."""
+        illegal). `TieredError` when the bucket cannot be asked and the topic is not local.
+        `local_log`: the local partitions, when the caller has them already."""
         if topic_name_problem(name) is not None or is_internal_topic(name):
             return None
-        local = [tp for tp in self._reader.local_partitions().items() if tp[0].topic == name]
+        if local_log is None:
+            local_log = self._reader.local_partitions()
+        local = [tp for tp in local_log.items() if tp[0].topic == name]
         topic_id = next((p.topic_id for _tp, p in local if p.topic_id is not None), None)
         highest = max((tp.partition for tp, _p in local), default=-1)
         try:
@@ -93,10 +98,10 @@ class Catalog:
     def topics(self) -> list[Topic]:
         """Every topic served, by name."""
         found = []
-        for name in sorted(set(self._bucket_names()) | {
-                tp.topic for tp in self._reader.local_partitions()}):
+        local_log = self._reader.local_partitions()
+        for name in sorted(set(self._bucket_names()) | {tp.topic for tp in local_log}):
             try:
-                topic = self.topic(name)
+                topic = self.topic(name, local_log)
             except TieredError as exc:
                 log.warning("%s: left out of the topic list: %s", name, exc)
                 continue

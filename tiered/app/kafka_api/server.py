@@ -83,7 +83,8 @@ class KafkaStats:
 class KafkaServer:
     """The read-only Kafka protocol endpoint of `tiered run`."""
 
-    def __init__(self, config: KafkaConfig, *, clock: Any = time.monotonic) -> None:
+    def __init__(self, config: KafkaConfig, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self._clock = clock
         self._ssl = _ssl_context(config) if config.tls else None
@@ -93,8 +94,8 @@ class KafkaServer:
                 family=socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET,
                 backlog=128)
         except OSError as exc:
-            raise TieredError(f"cannot serve Kafka on {self.listen_address}: "
-                              f"{exc.strerror or exc}") from None
+            where = _address(config.listen_host, config.listen_port)
+            raise TieredError(f"cannot serve Kafka on {where}: {exc.strerror or exc}") from None
         self._sock.settimeout(0.5)  # the accept loop looks at the stop flag this often
         self._lock = threading.Lock()
         self._stats = KafkaStats()
@@ -111,9 +112,7 @@ class KafkaServer:
 
     @property
     def listen_address(self) -> str:
-        host = self.config.listen_host
-        port = self.port if hasattr(self, "_sock") else self.config.listen_port
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return _address(self.config.listen_host, self.port)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -309,6 +308,10 @@ class KafkaServer:
         with self._lock:
             self._stats.requests[api.name] = self._stats.requests.get(api.name, 0) + 1
         return api.handler(svc, conn, request)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _recv_exactly(sock: socket.socket, n: int, *, allow_eof: bool) -> bytes | None:

@@ -138,14 +138,17 @@ class Reply:
         found.sort(key=lambda item: item[0])
         parts: list[bytes | Pieces] = []
         pos = 0
+        size = len(data) - MARKER_BYTES * len(found)
         for start, end, pieces in found:
             length = (_uvarint(pieces.size + 1) if flexible else _INT32.pack(pieces.size))
+            size += len(length) - len(placeholder) + pieces.size
             parts.append(data[pos:start] + length)
             parts.append(pieces)
             pos = end
         parts.append(data[pos:])
-        size = sum(len(p) if isinstance(p, bytes) else p.size for p in parts)
-        parts[0] = FRAME_SIZE.pack(size) + parts[0]  # type: ignore[operator]
+        head = parts[0]
+        assert isinstance(head, bytes)  # noqa: S101 - the loop starts with bytes
+        parts[0] = FRAME_SIZE.pack(size) + head
         return cls(parts)
 
     @property

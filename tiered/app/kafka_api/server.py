@@ -305,6 +305,8 @@ class KafkaServer:
             raise MalformedRequest(f"{api.name} v{version} is not served (versions "
                                    f"{api.min_version}..{api.max_version})")
         request = parse_request(frame)
+        log.debug("kafka: %s v%d from %s (client %r)", api.name, version, conn.peer_host,
+                  request.client_id)
         with self._lock:
             self._stats.requests[api.name] = self._stats.requests.get(api.name, 0) + 1
         return api.handler(svc, conn, request)

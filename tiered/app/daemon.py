@@ -310,11 +310,11 @@ class Daemon:
         (requests in flight drained) before the caller closes the reader."""
         self.reader = reader
         self.server.start()
-        what = ("serving %s as a history server (no log dirs)" if self.config.history_server
-                else f"archiving {', '.join(map(str, self.config.log_dirs))} to %s")
-        log.info("tiered run: " + what + "; metrics and health on %s (/metrics, /health; "
+        what = ("a history server (no log dirs)" if self.config.history_server
+                else "archiving " + ", ".join(map(str, self.config.log_dirs)))
+        log.info("tiered run: %s, bucket %s; metrics and health on %s (/metrics, /health; "
                  "records on %stopics/{topic}/partitions/{p}/records)",
-                 self.config.storage.url, self.server.url, RECORDS_PREFIX)
+                 what, self.config.storage.url, self.server.url, RECORDS_PREFIX)
         try:
             if self.kafka is not None:
                 self._start_kafka(self.kafka, reader)
@@ -335,7 +335,7 @@ class Daemon:
         from tiered.app.kafka_api import KafkaServer
 
         try:
-            return KafkaServer(self.config.kafka, clock=self._clock)
+            return KafkaServer(self.config.kafka)  # network waits run on real time
         except BaseException:
             self.server.stop()
             raise

@@ -51,6 +51,7 @@ from cache.segment_reads import (
     Span,
     local_offset_for_timestamp,
 )
+from cache.transactions import TransactionIndexes
 from manifests import keys
 from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest, SegmentMeta
@@ -63,6 +64,7 @@ from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.local_log import LocalLog, PartitionLog
 from tiered.kafka.records import Record, RecordBatch, iter_batches
 from tiered.kafka.segment import TimestampAndOffset
+from tiered.kafka.txnindex import AbortedTxn
 from tiered.store.base import ObjectStore
 from tiered.store.errors import StoreError
 from tiered.topics import topic_name_problem
@@ -215,6 +217,7 @@ class Reader:
         self.local = LocalSegments()
         self.remote = RemoteSegments(
             store, self.cache, config.cluster_int("cloud_storage_cache_chunk_size", 1))
+        self.transactions = TransactionIndexes(store)
         self._clock = clock
         self._ttl = metadata_ttl_s
         #: how long a head manifest may serve reads when it cannot be refreshed
@@ -261,6 +264,7 @@ class Reader:
             out: dict[str, Any] = dataclasses.asdict(self._stats)
         out["index_downloads"] = self.remote.index_downloads
         out["index_fallbacks"] = self.remote.index_fallbacks
+        out["txnindex_downloads"] = self.transactions.remote_reads
         out["cache"] = self.cache.stats()
         return out
 
@@ -372,6 +376,38 @@ class Reader:
         if local is None or lo is None or hi is None:
             return None
         return local_offset_for_timestamp(local, timestamp, lo, hi)
+
+    def aborted_transactions(
+        self, topic: str, partition: int, start: int, upper: int
+    ) -> list[AbortedTxn]:
+        """The aborted transactions a `read_committed` fetch of offsets `[start, upper)` must
+        report (Kafka's Fetch `AbortedTransactions`): from the bucket's `.txnindex` objects
+        below the local log start and the local `.txnindex` files from there on
+        (`cache.transactions`). StoreError / CorruptSegmentError as `fetch`."""
+        _check_request(topic, partition)
+        local, lo, _hi = self._local_range(topic, partition, None)
+        remote = None
+        if (lo is None or start < lo) and self.config.topic_config(topic).remote_read:
+            m = self._head(topic, partition, local, required=False)
+            if m is not None and m.last_offset >= 0:
+                remote = (m, self.manifests.iter_segments(m, start))
+        return self.transactions.search(start, upper, remote=remote, local=local,
+                                        local_start=lo)
+
+    def bucket_topic(self, topic: str) -> tuple[str, int | None]:
+        """(revision, partition count) of the topic as the bucket knows it: its newest topic
+        manifest's, or ("0", None) when it has none (cached like head manifests)."""
+        _check_request(topic, 0)
+        return self._revision(topic, None)
+
+    def local_partitions(self) -> dict[TopicPartition, PartitionLog]:
+        """The partitions in the log dirs now (the dirs re-scanned at most once per TTL, so
+        new topics appear)."""
+        if self.local_log is None:
+            return {}
+        if self._clock() - self._scanned_at >= self._ttl:
+            self._rescan()
+        return dict(self.local_log.partitions)
 
     # -- local log -----------------------------------------------------------------------------
 

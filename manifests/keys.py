@@ -8,14 +8,19 @@
     {h}/meta/kafka/{topic}/{partition}_{revision}/lease.json               upload lease
     {d}0000000/topics/{topic}/{revision}/topic_manifest.json               topic manifest
     _tiered/nodes/{node}.json                                               sidecar record
+    _tiered/groups/{g}/{group}/offsets.json                               a consumer group's
+                                                                             committed offsets
 
 `{h}` is the first 8 hex digits of SHA-256 over `{topic}/{partition}_{revision}`: stable
 across processes and releases (never Python's salted `hash()`), so keys are derivable from
 (topic, partition, revision) alone and partitions spread over S3's key-prefix partitions.
 `{d}` is one hex digit of SHA-256 over the topic name, so topic manifests live under exactly
 16 fixed prefixes that recovery can list. Every component is validated so no key holds `/`
-inside a component, `..`, `:` or anything outside `[A-Za-z0-9._-]`. docs/format.md is the
-reference for this layout.
+inside a component, `..`, `:` or anything outside `[A-Za-z0-9._-]`. `_tiered/` is reserved for
+tiered's own objects that belong to no partition (the conditional-write probe, committed
+consumer offsets); there `{g}` is 8 hex digits of SHA-256 over the group id and `{group}` the id
+percent-encoded (`%` is the one character outside that set). docs/format.md is the reference
+for this layout.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import re
 from typing import NamedTuple
+from urllib.parse import quote
 
 from manifests.errors import InvalidName, InvalidTopicName
 from tiered.topics import node_id_problem, topic_name_problem
@@ -44,6 +50,12 @@ LEASE_NAME = "lease.json"
 NODE_RECORDS_PREFIX = "_tiered/nodes/"
 TOPIC_MANIFEST_NAME = "topic_manifest.json"
 TOPIC_PREFIX_DIR = "topics"
+#: where committed consumer-group offsets live: under the prefix reserved for tiered's own
+#: objects, beside no partition's (docs/format.md, "Consumer group offsets")
+GROUPS_PREFIX = "_tiered/groups/"
+GROUP_OFFSETS_NAME = "offsets.json"
+#: longest percent-encoded group id in a key: a key component must stay a legal file name
+MAX_GROUP_KEY_LENGTH = 200
 #: file extension of each object kind that travels beside a segment
 INDEX_SUFFIXES: dict[str, str] = {
     "index": ".index",
@@ -374,3 +386,31 @@ def parse_topic_manifest_key(key: str) -> tuple[str, str] | None:
     except InvalidName:
         return None
     return topic, revision
+
+
+# -- consumer groups ---------------------------------------------------------------------------
+
+
+def group_key_component(group: object) -> str:
+    """The group id as one key component: percent-encoded UTF-8 (`[A-Za-z0-9._~-]` kept as
+    is), `.` and `..` spelled `%2E` and `%2E%2E`. `InvalidName` for an empty id, one that is
+    not a string, or one whose encoding is longer than `MAX_GROUP_KEY_LENGTH`."""
+    if not isinstance(group, str) or not group:
+        raise InvalidName(f"a consumer group id must be a non-empty string, got {_shown(group)}")
+    try:
+        encoded = quote(group.encode("utf-8"), safe="")
+    except UnicodeEncodeError:
+        raise InvalidName(f"consumer group id {_shown(group)} is not valid Unicode") from None
+    if encoded in (".", ".."):
+        encoded = encoded.replace(".", "%2E")
+    if len(encoded) > MAX_GROUP_KEY_LENGTH:
+        raise InvalidName(f"consumer group id {_shown(group)} is too long: {len(encoded)} "
+                          f"characters once percent-encoded, at most {MAX_GROUP_KEY_LENGTH}")
+    return encoded
+
+
+def group_offsets_key(group: str) -> str:
+    """`_tiered/groups/{g}/{group}/offsets.json`: one object per group, derivable from its id."""
+    component = group_key_component(group)
+    digest = hashlib.sha256(group.encode("utf-8")).hexdigest()[:8]
+    return f"{GROUPS_PREFIX}{digest}/{component}/{GROUP_OFFSETS_NAME}"

@@ -28,7 +28,7 @@ from tiered.store import (
 )
 
 #: fixtures shared by the tests of several modules (tests/support/)
-pytest_plugins = ["support.remote", "support.spark"]
+pytest_plugins = ["support.remote", "support.spark", "support.kafka_fixtures"]
 
 #: small enough that a test file of a few parts exercises multipart; S3's minimum part size
 TEST_MULTIPART_THRESHOLD = 5 * 1024 * 1024

@@ -98,3 +98,21 @@ def test_backlog_benchmark_reports_peaks_for_the_three_modes() -> None:
     assert results["fixed_max_shares"]["fixed_shares"] == 1000
     assert results["pd_controller"]["fixed_shares"] is None
     assert set(results["fixed_min_shares"]["shares"].values()) == {100}
+
+
+@pytest.mark.timeout(300)
+def test_kafka_read_benchmark_reads_everything_through_the_endpoint() -> None:
+    report = run_benchmark("kafka_read.py", "--size-mb", "6", "--segment-mb", "2",
+                           "--kafka-python-mb", "2", "--rounds", "1", timeout=240)
+    assert report["benchmark"] == "kafka_read"
+    assert report["segments"] >= 3 and report["archived_bytes"] >= 6 * 1024 * 1024
+    cold, warm = report["confluent_cold"], report["confluent_warm"]
+    # the script compares every record with the log itself; here: all of them came, the first
+    # run from the store, the second from the cache
+    assert cold["messages"] == warm["messages"] >= report["archived_bytes"] // (16 * 4096)
+    assert cold["store_bytes_downloaded"] == report["archived_bytes"]
+    assert warm["store_bytes_downloaded"] == 0
+    for name in ("boto3", "confluent_cold", "confluent_warm", "kafka_python"):
+        assert report[name]["mb_per_s"] > 0
+    assert set(report["ratios"]) == {"confluent_cold", "confluent_warm", "kafka_python"}
+    assert len(report["rounds"]) == 1

@@ -549,6 +549,11 @@ def test_access_denied_at_start_is_an_error_not_a_wait(tmp_path: Path) -> None:
         daemon.run()
 
 
+def test_health_of_a_history_server_is_ok_without_upload_rounds() -> None:
+    health = health_of(DaemonState(archiving=False, store_up=None), now_s=1.0)
+    assert (health.status, health.body["status"]) == (200, "ok")
+
+
 def test_health_of_before_the_first_round_is_starting() -> None:
     health = health_of(DaemonState(started_s=5.0), now_s=7.5)
     assert health.status == 200 and health.body["status"] == "starting"

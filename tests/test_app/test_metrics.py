@@ -19,9 +19,11 @@ from tiered.app.http_server import MetricsServer, Response
 from tiered.app.metrics import (
     ARCHIVER_METRICS,
     CACHE_METRICS,
+    KAFKA_METRICS,
     READER_METRICS,
     ArchiverCollector,
     JobsCollector,
+    KafkaCollector,
     ReaderCollector,
     make_registry,
 )
@@ -373,3 +375,18 @@ def test_stop_gives_up_on_a_stuck_request_after_the_drain_time(
     finally:
         release.set()
         client.join(30)
+
+
+def test_every_kafka_endpoint_stat_is_exported_and_none_without_an_endpoint() -> None:
+    from prometheus_client import generate_latest
+
+    stats = {"connections": 3, "connections_total": 10, "connections_refused": 2,
+             "closed_bad_requests": 1, "requests": {"Fetch": 7, "Produce": 1},
+             "bytes_sent": 5000, "bytes_received": 300}
+    samples = _samples(generate_latest(make_registry(KafkaCollector(lambda: stats))).decode())
+    assert samples[("tiered_kafka_requests_total", (("api", "Fetch"),))] == 7
+    assert samples[("tiered_kafka_requests_total", (("api", "Produce"),))] == 1
+    for name, scalar in KAFKA_METRICS.items():
+        sample = f"tiered_{name}_total" if scalar.kind == "counter" else f"tiered_{name}"
+        assert samples[(sample, ())] == stats[scalar.field], name
+    assert generate_latest(make_registry(KafkaCollector(lambda: None))).decode() == ""

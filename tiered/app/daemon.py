@@ -58,7 +58,13 @@ from typing import TYPE_CHECKING, Any
 
 from tiered.app.health import DaemonState, JobCounters, health_of
 from tiered.app.http_server import MetricsServer, Response
-from tiered.app.metrics import ArchiverCollector, JobsCollector, ReaderCollector, make_registry
+from tiered.app.metrics import (
+    ArchiverCollector,
+    JobsCollector,
+    KafkaCollector,
+    ReaderCollector,
+    make_registry,
+)
 from tiered.app.scheduler import (
     UPLOAD_BACKOFF_MAX_S,
     Scheduler,
@@ -79,6 +85,7 @@ if TYPE_CHECKING:
     from archiver.leases import LeaseKeeper
     from archiver.service import Archiver, ArchiverStats, PassReport
     from cache.reader import Reader
+    from tiered.app.kafka_api import KafkaServer
     from tiered.config import Config
     from tiered.store.base import ObjectStore
 
@@ -137,11 +144,19 @@ class _Abandon(BaseException):
 def check_log_dirs(config: Config, command: str) -> None:
     """Refuse a configuration without usable log dirs before anything starts: no `[log] dirs`,
     or a dir that does not exist (a typo or an unmounted disk would otherwise look like an
-    empty log, and `archive --once` would succeed having archived nothing)."""
+    empty log, and `archive --once` would succeed having archived nothing). `dirs = []` is
+    accepted by `run` alone: a history server for the bucket, with no local log."""
     if not config.log_dirs:
+        if config.history_server and command == "run":
+            return
+        if config.history_server:
+            raise ConfigError(
+                f"{config.source}: [log] dirs is empty: tiered {command} needs the broker's log "
+                "directories (an empty list only suits `tiered run` as a history server)")
         raise ConfigError(
             f"{config.source}: [log] dirs is not set: tiered {command} needs the broker's log "
-            "directories, e.g. dirs = [\"/var/lib/kafka/data\"]"
+            "directories, e.g. dirs = [\"/var/lib/kafka/data\"] (or dirs = [] for `tiered run` "
+            "as a history server serving the bucket alone)"
         )
     problems = [f"{config.source}: [log] dirs: {d} does not exist or is not a directory"
                 for d in config.log_dirs if not d.is_dir()]
@@ -182,7 +197,8 @@ def open_reader(config: Config) -> Iterator[Reader]:
     store = open_store(config.store_settings(), probe=False)
     try:
         try:
-            reader = Reader(config, store, local_log=LocalLog(config.log_dirs))
+            local = LocalLog(config.log_dirs) if config.log_dirs else None  # a history server
+            reader = Reader(config, store, local_log=local)
         except OSError as exc:
             raise TieredError(f"cannot open the read cache in {config.cache_dir}: "
                               f"{exc.strerror or exc}") from None
@@ -229,11 +245,13 @@ class Daemon:
         self._new_keeper = new_keeper
         self._scheduler: Scheduler | None = None
         self.reader: Reader | None = None
+        #: the Kafka endpoint ([kafka] section), bound below; None without one
+        self.kafka: KafkaServer | None = None
         self._clock = clock
         self._wall = wall_clock
         self._stop: Stopper = stop if stop is not None else Waker()
         self._signals = 0
-        self.state = DaemonState(started_s=clock())
+        self.state = DaemonState(started_s=clock(), archiving=not config.history_server)
         self._upload_delay: float | None = None
         self._known: set[tuple[str, int]] = set()
         self._failing: set[tuple[str, str, int]] = set()  # (job, topic, partition)
@@ -241,6 +259,7 @@ class Daemon:
             ArchiverCollector(lambda: self.state.stats, self._reader_store_stats),
             JobsCollector(lambda: self.state.jobs, lambda: self.state.store_up),
             ReaderCollector(self._reader_stats),
+            KafkaCollector(lambda: None if self.kafka is None else self.kafka.stats()),
         )
         try:
             self.server = MetricsServer(
@@ -252,6 +271,7 @@ class Daemon:
         except OSError as exc:
             where = f"{self.options.metrics_host}:{self.options.metrics_port}"
             raise TieredError(f"cannot serve metrics on {where}: {exc.strerror or exc}") from None
+        self.kafka = self._bind_kafka()
 
     # --- control ------------------------------------------------------------------------
 
@@ -299,23 +319,50 @@ class Daemon:
                                 "and uploaded again next time", signame)
         finally:
             self.server.stop()  # idempotent; closes the socket when the reader never opened
+            if self.kafka is not None:
+                self.kafka.stop()
         log.info("tiered run: stopped")
         return 0
 
     def _serve_http(self, reader: Reader) -> None:
-        """Archive and serve HTTP with `reader` behind `/v1/`; the server stops (requests in
-        flight drained) before the caller closes the reader."""
+        """Archive and serve HTTP (and Kafka) with `reader` behind `/v1/`; the servers stop
+        (requests in flight drained) before the caller closes the reader."""
         self.reader = reader
         self.server.start()
-        log.info("tiered run: archiving %s to %s; metrics and health on %s (/metrics, /health; "
+        what = ("a history server (no log dirs)" if self.config.history_server
+                else "archiving " + ", ".join(map(str, self.config.log_dirs)))
+        log.info("tiered run: %s, bucket %s; metrics and health on %s (/metrics, /health; "
                  "records on %stopics/{topic}/partitions/{p}/records)",
-                 ", ".join(map(str, self.config.log_dirs)), self.config.storage.url,
-                 self.server.url, RECORDS_PREFIX)
+                 what, self.config.storage.url, self.server.url, RECORDS_PREFIX)
         try:
+            if self.kafka is not None:
+                self._start_kafka(self.kafka, reader)
             self._serve()
         finally:
+            if self.kafka is not None:
+                self.kafka.stop()
             self.server.stop()
             self.reader = None
+
+    # --- the Kafka endpoint (docs/kafka-api.md) ---------------------------------------------
+
+    def _bind_kafka(self) -> KafkaServer | None:
+        """The Kafka endpoint, bound now so a busy port or a bad certificate stops the start;
+        None without a [kafka] section."""
+        if self.config.kafka is None:
+            return None
+        from tiered.app.kafka_api import KafkaServer
+
+        try:
+            return KafkaServer(self.config.kafka)  # network waits run on real time
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def _start_kafka(self, kafka: KafkaServer, reader: Reader) -> None:
+        from tiered.store import probe_conditional_writes
+
+        kafka.start(reader, self.config.storage.url, prove_writes=probe_conditional_writes)
 
     def _records(self, method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
         """The `/v1/` route (HTTP threads): `tiered.app.http_api.handle_records` on the reader."""
@@ -339,6 +386,11 @@ class Daemon:
         return None if reader is None else reader.stats
 
     def _serve(self) -> None:
+        if self.config.history_server:  # serves reads only: nothing to archive
+            self._publish(phase="running")
+            while not self._stop.is_set():
+                self._stop.wait(3600.0)
+            return
         store = self._connect()
         if store is None:
             return

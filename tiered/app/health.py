@@ -50,13 +50,15 @@ class DaemonState:
     last_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     stats: ArchiverStats | None = None
     partitions: int = 0
+    #: False for a history server (`[log] dirs = []`): it serves reads and uploads nothing
+    archiving: bool = True
 
 
 def health_of(state: DaemonState, now_s: float, *, cache_problem: str | None = None) -> Health:
     """`/health`: 503 while the object store is unreachable; otherwise 200 with `status`
-    "starting" (no upload round finished yet), "degraded" (the latest run of some job
-    reported a problem, such as a corrupt segment, or the read cache cannot write its
-    chunks, while the rest goes on) or "ok"."""
+    "starting" (no upload round finished yet, unless the daemon only serves reads),
+    "degraded" (the latest run of some job reported a problem, such as a corrupt segment, or
+    the read cache cannot write its chunks, while the rest goes on) or "ok"."""
     body: dict[str, object] = {
         "uptime_s": round(max(0.0, now_s - state.started_s), 3),
         "phase": state.phase,
@@ -77,7 +79,7 @@ def health_of(state: DaemonState, now_s: float, *, cache_problem: str | None = N
     if state.store_up is False:
         return Health(503, {"status": "unavailable",
                             "reason": f"object store unreachable: {state.store_error}", **body})
-    if "upload" not in state.jobs:
+    if state.archiving and "upload" not in state.jobs:
         return Health(200, {"status": "starting", **body})
     if any(state.last_errors.values()) or cache_problem is not None:
         return Health(200, {"status": "degraded", **body})

@@ -41,6 +41,8 @@ __all__ = [
     "ArchiverCollector",
     "JobCounters",
     "JobsCollector",
+    "KAFKA_METRICS",
+    "KafkaCollector",
     "ReaderCollector",
     "make_registry",
 ]
@@ -316,6 +318,47 @@ class ReaderCollector(Collector):
         cache = stats.get("cache")
         if isinstance(cache, Mapping):
             yield from _scalars(CACHE_METRICS, cache)
+
+
+#: metric name -> the `KafkaServer.stats()` key it exports (requests are labelled by api)
+KAFKA_METRICS: dict[str, _Scalar] = {
+    "kafka_connections": _Scalar("connections", "gauge",
+                                 "Kafka client connections being served."),
+    "kafka_connections_accepted": _Scalar("connections_total", "counter",
+                                          "Kafka client connections accepted and served."),
+    "kafka_connections_refused": _Scalar("connections_refused", "counter",
+                                         "Kafka connections closed at once: max_connections "
+                                         "were being served."),
+    "kafka_bad_requests": _Scalar("closed_bad_requests", "counter",
+                                  "Kafka connections closed for a request too large, "
+                                  "malformed or of an API or version not served."),
+    "kafka_sent_bytes": _Scalar("bytes_sent", "counter",
+                                "Bytes of Kafka responses sent, record bytes included."),
+    "kafka_received_bytes": _Scalar("bytes_received", "counter",
+                                    "Bytes of Kafka requests received."),
+}
+
+
+class KafkaCollector(Collector):
+    """Reads `KafkaServer.stats()` at every scrape; nothing without a Kafka endpoint."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, Any] | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            stats = self._stats()
+        except Exception:
+            log.exception("could not read the Kafka endpoint's statistics")
+            return
+        if stats is None:
+            return
+        yield from _scalars(KAFKA_METRICS, stats)
+        requests = _family("counter", "kafka_requests", "Kafka requests answered, by API.",
+                           ["api"])
+        for api, count in sorted(stats.get("requests", {}).items()):
+            requests.add_metric([api], float(count))
+        yield requests
 
 
 def _scalars(table: Mapping[str, _Scalar], values: Mapping[str, Any]) -> Iterator[Metric]:

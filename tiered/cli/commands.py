@@ -103,8 +103,9 @@ def run_command(config_path: Path, metrics_host: str, metrics_port: int) -> None
     picked up while running), commits manifests, applies remote and local retention and
     garbage collection on their schedules, and serves Prometheus metrics on /metrics, a
     health check on /health and record reads on
-    /v1/topics/TOPIC/partitions/P/records?offset=N. The first SIGTERM finishes the current
-    step and exits 0.
+    /v1/topics/TOPIC/partitions/P/records?offset=N; with a [kafka] section, a read-only
+    Kafka endpoint too. With [log] dirs = [] it archives nothing and serves the bucket alone
+    (a history server). The first SIGTERM finishes the current step and exits 0.
 
     The HTTP port has no authentication and serves record data: keep --metrics-host on
     loopback (the default) unless a proxy in front of it controls access.

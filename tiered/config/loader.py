@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tiered.config.kafka import parse_kafka
 from tiered.config.model import (
     _STORAGE_ALTERNATIVES,
     LOG_RETENTION_MODES,
@@ -214,6 +215,10 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None 
     if not isinstance(mode, str) or mode not in LOG_RETENTION_MODES:
         problems.add("[log] retention", f"expected 'enforce' or 'advise', got {describe(mode)}")
 
+    history_server = "dirs" in log_table and log_dirs == ()
+
+    kafka = parse_kafka(data.get("kafka"), base, problems.add)
+
     cache_dir_text = _string(_section(data, "cache", problems), "cache", "dir", problems)
     cache_dir = _path(cache_dir_text, base) if cache_dir_text else _default_cache_dir(storage.url)
 
@@ -252,6 +257,8 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None 
         cluster=FrozenMap(cluster),
         topics=FrozenMap(topics),
         node=node,
+        kafka=kafka,
+        history_server=history_server,
     )
 
 

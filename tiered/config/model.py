@@ -5,6 +5,7 @@ file (`tiered.config.loader` builds it).
     [log]       dirs, retention ("enforce" | "advise")
     [cache]     dir
     [node]      id (the sidecar's name among those sharing the bucket)
+    [kafka]     listen, advertised, tls_cert, tls_key, limits (tiered.config.kafka)
     [cluster]   cluster properties by their flat names (tiered.config.properties)
     [topics."name"]  topic overrides by their dotted names
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tiered.config.kafka import KAFKA_KEYS, KafkaConfig
 from tiered.config.properties import (
     CLUSTER,
     MASK,
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_RETENTION_MODES",
     "Config",
+    "KafkaConfig",
     "StorageConfig",
     "TopicConfig",
     "check_topic_name",
@@ -60,6 +63,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "log": ("dirs", "retention"),
     "cache": ("dir",),
     "node": ("id",),
+    "kafka": KAFKA_KEYS,
     "cluster": (),
     "topics": (),
 }
@@ -174,6 +178,11 @@ class Config:
     topics: Mapping[str, Mapping[str, Value]]
     #: `[node] id` as configured; None: `node_id()` finds one
     node: str | None = None
+    #: the Kafka protocol endpoint of `tiered run`; None: off (no [kafka] section)
+    kafka: KafkaConfig | None = None
+    #: `[log] dirs = []` given explicitly: no local log at all, `tiered run` serves the bucket
+    #: alone (a history server); other commands still need log dirs
+    history_server: bool = False
 
     def node_id(self) -> str:
         """This sidecar's name among those sharing the bucket: `[node] id`, else the broker's
@@ -266,6 +275,7 @@ class Config:
             "log": {"dirs": [str(p) for p in self.log_dirs], "retention": self.log_retention_mode},
             "cache": {"dir": str(self.cache_dir)},
             "node": {"id": self.node_id()},
+            **({} if self.kafka is None else {"kafka": _kafka_effective(self.kafka)}),
             "cluster": {
                 p.name: _render(p.name, "cluster", self.cluster[p.name], mask_secrets)
                 for p in CLUSTER
@@ -278,6 +288,26 @@ class Config:
                 for topic, overrides in self.topics.items()
             },
         }
+
+
+def _kafka_effective(k: KafkaConfig) -> dict[str, Any]:
+    def address(host: str | None, port: int | None) -> str | None:
+        if host is None:
+            return None
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    return {
+        "listen": address(k.listen_host, k.listen_port),
+        "advertised": address(k.advertised_host, k.advertised_port),
+        "tls_cert": None if k.tls_cert is None else str(k.tls_cert),
+        "tls_key": None if k.tls_key is None else str(k.tls_key),
+        "max_connections": k.max_connections,
+        "max_request_bytes": k.max_request_bytes,
+        "idle_timeout_ms": k.idle_timeout_ms,
+        "group_initial_rebalance_delay_ms": k.group_initial_rebalance_delay_ms,
+        "group_min_session_timeout_ms": k.group_min_session_timeout_ms,
+        "group_max_session_timeout_ms": k.group_max_session_timeout_ms,
+    }
 
 
 def _plain(value: str | None) -> str | None:

@@ -15,6 +15,12 @@ A rolled or closed segment gets the final time-index entry and trimmed index fil
 fsync; the active segment's index files are either appended to entry by entry or, with
 `preallocate_indexes`, preallocated with zeros as a live broker leaves them.
 
+Transactions: the writer follows each transactional producer's open transaction (its first
+offset) and, when an abort marker is appended, adds the transaction's entry to the active
+segment's `.txnindex` as Kafka's producer state manager does (`tiered.kafka.txnindex`). After a
+reopen the open transactions are rebuilt from the log's batch headers before the next
+transactional append.
+
 Reopening a directory resumes its newest segment as Kafka's recovery does: a torn tail batch
 is cut off and that segment's indexes are rebuilt from its `.log`, so every index this writer
 leaves equals `tiered.kafka.segment.build_indexes` of its `.log`.
@@ -58,15 +64,17 @@ from tiered.kafka.index import (
     encode_offset_entry,
     encode_time_entry,
 )
-from tiered.kafka.records import BatchHeader, Header, Record, iter_batch_headers
+from tiered.kafka.records import BatchHeader, Header, Record, decode_batch, iter_batch_headers
 from tiered.kafka.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,
+    TXNINDEX_SUFFIX,
     Segment,
     parse_segment_file_name,
     segment_file_name,
 )
+from tiered.kafka.txnindex import AbortedTxn, encode_txnindex
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +119,7 @@ class _ActiveSegment:
             raise TieredError(f"{self.log_path}: a new segment's file already holds data")
         self.index_path = directory / segment_file_name(base_offset, INDEX_SUFFIX)
         self.timeindex_path = directory / segment_file_name(base_offset, TIMEINDEX_SUFFIX)
+        self.txnindex_path = directory / segment_file_name(base_offset, TXNINDEX_SUFFIX)
         self.preallocate = writer.preallocate_indexes
         self.index_size_max_bytes = writer.index_size_max_bytes
         self.builder = IndexBuilder(
@@ -183,6 +192,16 @@ class _ActiveSegment:
         self.size += header.size
         self.record_indexes(position, header)
         return position
+
+    def add_aborted(self, entry: AbortedTxn, *, fsync: bool) -> None:
+        """Append one entry to this segment's transaction index (created on first use)."""
+        fd = os.open(self.txnindex_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            _write_all(fd, encode_txnindex([entry]))
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def should_roll(self, header: BatchHeader, now_ms: int, segment_bytes: int,
                     segment_ms: int) -> bool:
@@ -285,6 +304,9 @@ class LogWriter:
                 raise
             self._leo = recovered if recovered is not None else bases[-1]
         self._closed_flag = False
+        #: producer id -> first offset of its open transaction; None until first needed after
+        #: a reopen (rebuilt from the log then)
+        self._open_txns: dict[int, int] | None = None if bases else {}
 
     def _init_topic_id(self, topic_id: uuid.UUID | None) -> uuid.UUID:
         path = self.partition_dir / PARTITION_METADATA
@@ -437,6 +459,8 @@ class LogWriter:
             epoch = max(epoch, header.partition_leader_epoch)
             expected = header.next_offset
         view = memoryview(data)
+        if self._open_txns is None and any(h.is_transactional for h in headers):
+            self._open_txns = self._rebuild_open_transactions()
         results = []
         for header in headers:
             self._assign_epoch(header.partition_leader_epoch, header.base_offset)
@@ -447,9 +471,47 @@ class LogWriter:
                 view[header.position : header.end_position], header
             )
             self._leo = header.next_offset
+            if header.is_transactional:
+                self._follow_transaction(header, view)
             results.append(AppendResult(header.base_offset, header.last_offset,
                                         self._active.base_offset, position, header.size))
         return results
+
+    # --- transactions ------------------------------------------------------------------------
+
+    def _follow_transaction(self, header: BatchHeader, view: memoryview) -> None:
+        """After appending a transactional batch: open its producer's transaction, or close
+        it at a marker, indexing it when the marker is an abort."""
+        assert self._open_txns is not None  # noqa: S101 - rebuilt before the append
+        pid = header.producer_id
+        if not header.is_control:
+            self._open_txns.setdefault(pid, header.base_offset)
+            return
+        first = self._open_txns.pop(pid, None)
+        kind = decode_batch(view, header.position, path=str(self.partition_dir)).control_type
+        if kind != "abort":
+            return
+        # the LSO once the marker is written: the first offset of the transactions still open
+        lso = min(self._open_txns.values(), default=header.last_offset + 1)
+        entry = AbortedTxn(pid, header.base_offset if first is None else first,
+                           header.last_offset, lso)
+        self._active.add_aborted(entry, fsync=self.fsync)
+
+    def _rebuild_open_transactions(self) -> dict[int, int]:
+        """The transactions open at the log end, from every segment's batch headers (a
+        marker of either kind closes its producer's transaction)."""
+        open_txns: dict[int, int] = {}
+        for base in self.segment_base_offsets:
+            segment = Segment(base, self.partition_dir / segment_file_name(base, LOG_SUFFIX),
+                              active=base == self._active.base_offset)
+            for h in segment.iter_batch_headers():
+                if not h.is_transactional:
+                    continue
+                if h.is_control:
+                    open_txns.pop(h.producer_id, None)
+                else:
+                    open_txns.setdefault(h.producer_id, h.base_offset)
+        return open_txns
 
     # --- rolling and closing -----------------------------------------------------------------
 

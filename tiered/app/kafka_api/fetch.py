@@ -1,0 +1,230 @@
+"""Fetch: whole record batches as stored, local log first then the bucket, sent with sendfile
+(docs/kafka-api.md, "Fetch").
+
+Per request, as Kafka's broker:
+
+* partitions are read in the order asked, each up to its `partition_max_bytes`, the whole
+  response up to `max_bytes`; the first batch of the first partition with data comes whatever
+  its size (KIP-74), and a later partition whose first batch does not fit what is left sends
+  nothing this time;
+* a fetch at the high watermark is no error: it waits, up to `max_wait`, until at least
+  `min_bytes` are there (polled every `POLL_S`), then answers with what there is;
+* `read_committed` (isolation level 1) adds the aborted transactions overlapping the batches
+  sent, from the `.txnindex` of the local log and the bucket, when those batches hold any
+  transactional batch (the consumer drops the aborted records itself);
+* fetch sessions (KIP-227) are not offered: the answer's session id is 0, so clients send
+  full requests; a request naming a session gets FETCH_SESSION_ID_NOT_FOUND.
+
+The last stable offset reported is the high watermark: the sidecar keeps no producer state,
+and the archiver only uploads data below the broker's high watermark.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from cache.pieces import FilePiece, Pieces
+from cache.reader import FetchedPieces
+from tiered.app.kafka_api.context import Connection, Services, error_code_of
+from tiered.app.kafka_api.messages import build, nested, response_class
+from tiered.app.kafka_api.wire import Reply, Request, new_marker
+from tiered.errors import OffsetOutOfRange, TieredError
+from tiered.kafka.records import (
+    ATTRIBUTES_OFFSET,
+    BATCH_HEADER,
+    LENGTH_OFFSET,
+    LOG_OVERHEAD,
+    TRANSACTIONAL_MASK,
+)
+
+__all__ = ["handle_fetch"]
+
+FETCH = 1
+#: how often a fetch waiting at the log end looks for new data, seconds
+POLL_S = 0.1
+#: the longest a fetch waits for data, whatever the client asks (seconds)
+MAX_WAIT_S = 30.0
+READ_COMMITTED = 1
+_LENGTH = struct.Struct(">i")
+_ATTRIBUTES = struct.Struct(">h")
+
+
+@dataclass
+class _Partition:
+    """One partition's part of the answer."""
+
+    index: int
+    error: ErrorCode = ErrorCode.none
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    aborted: tuple[tuple[int, int], ...] | None = None
+    pieces: Pieces | None = None
+
+
+def handle_fetch(svc: Services, conn: Connection, req: Request) -> Reply:
+    body, v = req.body, req.api_version
+    cls = response_class(FETCH, v)
+    if getattr(body, "session_id", 0) != 0 or getattr(body, "session_epoch", -1) > 0:
+        return Reply.of(req.correlation_id, build(
+            cls, throttle_time=datetime.timedelta(0),
+            error_code=ErrorCode.fetch_session_id_not_found, session_id=0, responses=()))
+    names = [_name_of(svc, t, v) for t in body.topics]
+    read_committed = body.isolation_level == READ_COMMITTED
+    wait_s = min(body.max_wait.total_seconds(), MAX_WAIT_S)
+    deadline = svc.clock() + max(0.0, wait_s)
+    while True:
+        answer = [[_Partition(p.partition) for p in t.partitions] for t in body.topics]
+        total, errors = _read_all(svc, conn, body, names, answer, read_committed)
+        if (total >= body.min_bytes or errors or svc.clock() >= deadline
+                or svc.stopping.is_set()):
+            break
+        _close(answer)  # nothing worth sending yet: wait at the log end and read again
+        svc.stopping.wait(min(POLL_S, max(0.0, deadline - svc.clock())))
+    try:
+        return _reply(req, cls, body, names, answer)
+    except BaseException:
+        _close(answer)
+        raise
+
+
+def _name_of(svc: Services, topic: Any, version: int) -> str | None:
+    if version >= 13:
+        return svc.catalog.name_of(topic.topic_id)
+    return str(topic.topic)
+
+
+def _read_all(svc: Services, conn: Connection, body: Any, names: list[str | None],
+              answer: list[list[_Partition]], read_committed: bool) -> tuple[int, bool]:
+    """Fill `answer`; returns the bytes read and whether some partition has an error."""
+    budget = max(0, body.max_bytes)
+    total, errors, first = 0, False, True
+    for t, name, parts in zip(body.topics, names, answer, strict=True):
+        for p, out in zip(t.partitions, parts, strict=True):
+            if name is None:
+                out.error, errors = ErrorCode.unknown_topic_id, True
+                continue
+            limit = min(max(0, p.partition_max_bytes), budget - total)
+            _read_one(svc, conn, name, p.fetch_offset, limit, first, read_committed, out)
+            if out.error is not ErrorCode.none:
+                errors = True
+            elif out.pieces is not None:
+                total += out.pieces.size
+                first = False
+    return total, errors
+
+
+def _read_one(svc: Services, conn: Connection, topic: str, offset: int, limit: int,
+              first: bool, read_committed: bool, out: _Partition) -> None:
+    reader = svc.reader
+    where = f"{topic}-{out.index}"
+    got: FetchedPieces | None = None
+    try:
+        if limit <= 0 and not first:
+            _bounds(svc, topic, out)
+            return
+        got = reader.fetch_pieces(topic, out.index, offset, limit,
+                                  reader_id=conn.session(topic, out.index))
+    except OffsetOutOfRange as exc:
+        _bounds(svc, topic, out)
+        if out.error is ErrorCode.none and offset != out.high_watermark:
+            out.error = error_code_of(exc, where)
+        return
+    except TieredError as exc:
+        out.error = error_code_of(exc, where)
+        return
+    out.high_watermark = got.high_watermark if got.high_watermark is not None else -1
+    out.log_start_offset = got.log_start_offset if got.log_start_offset is not None else -1
+    if got.pieces.size > limit and not first:
+        got.close()  # its first batch does not fit what the request has left
+        return
+    out.pieces = got.pieces
+    if read_committed:
+        try:
+            if _any_transactional(got.pieces):
+                found = reader.aborted_transactions(topic, out.index, offset, got.next_offset)
+                out.aborted = tuple((t.producer_id, t.first_offset) for t in found)
+            else:
+                out.aborted = ()
+        except TieredError as exc:
+            got.close()
+            out.pieces = None
+            out.error = error_code_of(exc, where)
+
+
+def _bounds(svc: Services, topic: str, out: _Partition) -> None:
+    """The partition's high watermark and log start, for an answer without data."""
+    try:
+        out.high_watermark = svc.reader.latest_offset(topic, out.index)
+        out.log_start_offset = svc.reader.earliest_offset(topic, out.index)
+    except TieredError as exc:
+        out.error = error_code_of(exc, f"{topic}-{out.index}")
+
+
+def _any_transactional(pieces: Pieces) -> bool:
+    """Whether a batch of `pieces` (each part whole batches) is transactional: its headers
+    are read where they lie (a few bytes per batch)."""
+    return any(attributes & TRANSACTIONAL_MASK for attributes in _attributes(pieces))
+
+
+def _attributes(pieces: Pieces) -> Iterator[int]:
+    for part in pieces.parts:
+        if isinstance(part, FilePiece):
+            pos, end = part.offset, part.offset + part.length
+            while pos + BATCH_HEADER.size <= end:
+                head = os.pread(part.fd, ATTRIBUTES_OFFSET + _ATTRIBUTES.size, pos)
+                if len(head) < ATTRIBUTES_OFFSET + _ATTRIBUTES.size:
+                    return
+                yield _ATTRIBUTES.unpack_from(head, ATTRIBUTES_OFFSET)[0]
+                pos += LOG_OVERHEAD + _LENGTH.unpack_from(head, LENGTH_OFFSET)[0]
+        else:
+            pos = 0
+            while pos + BATCH_HEADER.size <= len(part):
+                yield _ATTRIBUTES.unpack_from(part, pos + ATTRIBUTES_OFFSET)[0]
+                pos += LOG_OVERHEAD + _LENGTH.unpack_from(part, pos + LENGTH_OFFSET)[0]
+
+
+def _reply(req: Request, cls: type[Any], body: Any, names: list[str | None],
+           answer: list[list[_Partition]]) -> Reply:
+    v = req.api_version
+    topic_cls = nested(cls, "FetchableTopicResponse")
+    part_cls = nested(cls, "PartitionData")
+    aborted_cls = nested(cls, "AbortedTransaction")
+    records: dict[bytes, Pieces] = {}
+    topics = []
+    for t, name, parts in zip(body.topics, names, answer, strict=True):
+        entries = []
+        for out in parts:
+            data: bytes = b""
+            if out.pieces is not None and out.pieces.size:
+                data = new_marker()
+                records[data] = out.pieces
+            elif out.pieces is not None:
+                out.pieces.close()
+            aborted = None if out.aborted is None else tuple(
+                build(aborted_cls, producer_id=pid, first_offset=first)
+                for pid, first in out.aborted)
+            entries.append(build(
+                part_cls, partition_index=out.index, error_code=out.error,
+                high_watermark=out.high_watermark, last_stable_offset=out.high_watermark,
+                log_start_offset=out.log_start_offset, aborted_transactions=aborted,
+                preferred_read_replica=-1, records=data))
+        ident = {"topic_id": t.topic_id} if v >= 13 else {"topic": name}
+        topics.append(build(topic_cls, partitions=tuple(entries), **ident))
+    entity = build(cls, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
+                   session_id=0, responses=tuple(topics))
+    return Reply.spliced(req.correlation_id, entity, records, req.flexible)
+
+
+def _close(answer: list[list[_Partition]]) -> None:
+    for parts in answer:
+        for out in parts:
+            if out.pieces is not None:
+                out.pieces.close()
+                out.pieces = None

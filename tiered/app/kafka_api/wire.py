@@ -1,0 +1,179 @@
+"""Kafka's framing: size-prefixed requests in, size-prefixed responses out, entities through kio.
+
+    Request  => Size => Int32, RequestHeader (v1, or v2 with tagged fields for flexible
+                versions: api_key Int16, api_version Int16, correlation_id Int32,
+                client_id NullableString), then the request body
+    Response => Size => Int32, ResponseHeader (v0: correlation_id; v1 adds tagged fields),
+                then the response body
+
+Every response is encoded by kio except the record bytes of a Fetch response: those stay where
+they lie (chunk files of the read cache, local segment reads) and go to the socket with
+`sendfile` after the bytes kio encoded before them. kio encodes the response with a 16-byte
+random marker in place of each partition's records; `Reply.spliced` cuts the encoding at each
+marker and puts the real length and the pieces there (Kafka's `records` field is a length,
+Int32 or an unsigned varint of length + 1 in flexible versions, followed by the bytes).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kio.serial import entity_reader, entity_writer
+
+from cache.pieces import Pieces
+from tiered.app.kafka_api.messages import request_class
+
+__all__ = [
+    "FRAME_SIZE",
+    "MalformedRequest",
+    "Reply",
+    "Request",
+    "encode_response",
+    "parse_request",
+    "peek_header",
+]
+
+FRAME_SIZE = struct.Struct(">i")
+#: api_key, api_version, correlation_id: the start of every request header version
+HEADER_PREFIX = struct.Struct(">hhi")
+MARKER_BYTES = 16
+_INT32 = struct.Struct(">i")
+
+
+class MalformedRequest(Exception):
+    """A request that does not parse as the version it claims: the connection is closed."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One parsed request: its header fields and the kio entity of its body."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any
+
+    @property
+    def flexible(self) -> bool:
+        return bool(self.body.__flexible__)
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a request frame, before choosing a parser."""
+    if len(frame) < HEADER_PREFIX.size:
+        raise MalformedRequest(f"a request of {len(frame)} bytes is too short for its header")
+    key, version, correlation_id = HEADER_PREFIX.unpack_from(frame)
+    return int(key), int(version), int(correlation_id)
+
+
+def parse_request(frame: bytes) -> Request:
+    """The request in `frame` (without its size prefix), whose api key and version the caller
+    checked are served. `MalformedRequest` when it does not parse."""
+    key, version, _ = peek_header(frame)
+    cls = request_class(key, version)
+    try:
+        header, used = entity_reader(cls.__header_schema__)(frame, 0)
+        body, size = entity_reader(cls)(frame, used)
+    except Exception as exc:  # kio's parse errors have no common base; any is a bad request
+        raise MalformedRequest(f"{cls.__name__} v{version} does not parse: {exc}") from None
+    if used + size != len(frame):
+        raise MalformedRequest(f"{cls.__name__} v{version} has {len(frame) - used - size} "
+                               "bytes after its last field")
+    return Request(key, version, header.correlation_id, header.client_id, body)
+
+
+def _encode(correlation_id: int, entity: Any) -> bytes:
+    """Header and body of a response, without the size prefix."""
+    buf = io.BytesIO()
+    header_cls = entity.__header_schema__
+    entity_writer(header_cls)(buf, header_cls(correlation_id=correlation_id))
+    entity_writer(type(entity))(buf, entity)
+    return buf.getvalue()
+
+
+def encode_response(correlation_id: int, entity: Any) -> bytes:
+    """A whole response frame, size prefix included."""
+    body = _encode(correlation_id, entity)
+    return FRAME_SIZE.pack(len(body)) + body
+
+
+def new_marker() -> bytes:
+    """A placeholder for one partition's records in an entity to encode (`Reply.spliced`)."""
+    return os.urandom(MARKER_BYTES)
+
+
+@dataclass
+class Reply:
+    """A response ready to send: bytes kio encoded and record pieces, in order. Owns the
+    pieces' open files: `close()` after sending (or instead)."""
+
+    parts: list[bytes | Pieces]
+
+    @classmethod
+    def of(cls, correlation_id: int, entity: Any) -> Reply:
+        return cls([encode_response(correlation_id, entity)])
+
+    @classmethod
+    def spliced(cls, correlation_id: int, entity: Any, records: Mapping[bytes, Pieces],
+                flexible: bool) -> Reply:
+        """The response `entity` whose records fields hold the markers of `records`, with each
+        marker replaced by its pieces (and their real length)."""
+        data = _encode(correlation_id, entity)
+        placeholder = (bytes([MARKER_BYTES + 1]) if flexible
+                       else _INT32.pack(MARKER_BYTES))
+        found = []
+        for marker, pieces in records.items():
+            at = data.find(marker)
+            start = at - len(placeholder)
+            if at < 0 or data[start:at] != placeholder:
+                raise ValueError("a records marker is missing from the encoded response")
+            found.append((start, at + MARKER_BYTES, pieces))
+        found.sort(key=lambda item: item[0])
+        parts: list[bytes | Pieces] = []
+        pos = 0
+        size = len(data) - MARKER_BYTES * len(found)
+        for start, end, pieces in found:
+            length = (_uvarint(pieces.size + 1) if flexible else _INT32.pack(pieces.size))
+            size += len(length) - len(placeholder) + pieces.size
+            parts.append(data[pos:start] + length)
+            parts.append(pieces)
+            pos = end
+        parts.append(data[pos:])
+        head = parts[0]
+        assert isinstance(head, bytes)  # noqa: S101 - the loop starts with bytes
+        parts[0] = FRAME_SIZE.pack(size) + head
+        return cls(parts)
+
+    @property
+    def size(self) -> int:
+        return sum(len(p) if isinstance(p, bytes) else p.size for p in self.parts)
+
+    def send(self, sock: socket.socket) -> None:
+        """Write the reply: bytes with sendall, record pieces with sendfile where the socket
+        allows (a TLS socket copies them through Python instead)."""
+        for part in self.parts:
+            if isinstance(part, Pieces):
+                part.send(sock)
+            else:
+                sock.sendall(part)
+
+    def close(self) -> None:
+        for part in self.parts:
+            if isinstance(part, Pieces):
+                part.close()
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

@@ -172,7 +172,13 @@ def advance_start_offset(m: PartitionManifest, new_start: int, *, now_ms: int) -
     """Move the log start forward to `new_start` (remote retention). Head segments wholly
     below it move to `replaced`; inside the archive region only `archive_start_offset` moves,
     since archived manifests are immutable (`expired_archives` then lists what GC may delete).
-    Never moves backwards; `new_start` may be at most `last_offset + 1` (everything expired)."""
+    Never moves backwards; `new_start` may be at most `last_offset + 1` (everything expired).
+
+    While archived manifests are still listed the head keeps its first segment: the archives
+    must end where the head begins, and they are dropped only once garbage collection has
+    deleted what they list (after the grace period). So the log start stops inside that
+    segment, at its last offset, and the next retention pass after the drop goes the rest
+    of the way (retention keeps data longer, never shorter)."""
     if new_start <= m.log_start_offset:
         return m
     if new_start > m.next_offset:
@@ -184,6 +190,10 @@ def advance_start_offset(m: PartitionManifest, new_start: int, *, now_ms: int) -
     if arch and new_start <= arch.last_last():
         return m.evolve(archive_start_offset=new_start)
     segs = m.segments
+    if arch and segs and new_start > segs.last_offsets[0]:
+        new_start = segs.last_offsets[0]
+        if new_start <= m.log_start_offset:
+            return m
     keep_from = segs.index_from(new_start)
     dropped = segs.slice(0, keep_from)
     changes: dict[str, object] = {

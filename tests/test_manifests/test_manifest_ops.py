@@ -236,6 +236,26 @@ def test_retention_in_the_archive_region_moves_only_archive_start() -> None:
     assert len(ops.expired_archives(out2)) == len(out2.archives)
 
 
+@pytest.mark.parametrize("past", ["second_head_segment", "everything"])
+def test_retention_past_the_archives_keeps_the_manifest_valid_until_they_are_dropped(
+        past: str) -> None:
+    # the archives end where the head begins; dropping head segments while expired archives
+    # are still listed (their objects are deleted only after the grace period) would leave a
+    # hole between them that the format cannot represent: the head's first segment stays
+    m = spilled()
+    first = m.segments[0]
+    new_start = m.segments[1].base_offset + 10 if past == "second_head_segment" else (
+        m.next_offset)
+    out = valid(ops.advance_start_offset(m, new_start, now_ms=0))
+    assert out.segments[0] == first and out.log_start_offset == first.last_offset
+    assert len(ops.expired_archives(out)) == len(out.archives)  # all of them go to GC
+    # once GC dropped the archives, retention goes all the way
+    gone = valid(ops.drop_expired_archives(out, len(out.archives)))
+    final = valid(ops.advance_start_offset(gone, new_start, now_ms=0))
+    assert final.log_start_offset == new_start
+    assert not final.archives
+
+
 def test_dropping_expired_archives_moves_the_clean_offset() -> None:
     m = spilled()
     assert len(m.archives) >= 2

@@ -500,8 +500,8 @@ class LeaseKeeper:
     def _alive(self, node: str, now: float | None = None) -> bool:
         """Whether `node` counts as running: its record changed within its lease time as this
         keeper watched it, and it has not deleted it (a clean stop). A passive keeper (a
-        one-shot command that
-        cannot watch for a lease time) goes by the record's own renewal time instead."""
+        one-shot command, which cannot watch for a lease time) goes by the record's own
+        renewal time instead, trusting the clocks to agree within a lease time."""
         if node == self._node:
             return True
         now = self._clock() if now is None else now

@@ -91,6 +91,10 @@ class _Stream:
     cancelled: bool = False
     #: the segment the reader finishes before this one (its first chunk comes meanwhile)
     after: str | None = None
+    #: it has started its segment's last chunk: the stream of the segment after may go
+    on_last: bool = False
+    #: its reader waits for its first chunk (a stream of the segment after): go at once
+    due: bool = False
 
 
 class SegmentHandle:
@@ -602,18 +606,22 @@ class ChunkCache:
         assert self._streamer is not None  # noqa: S101 - _start_stream checks
         body = None
         try:
-            try:
-                body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size)
-            except Exception as err:  # the chunk-by-chunk path reports store errors
-                log.debug("read-ahead of %s could not start: %s", seg.key, err)
             for index in range(first_index, len(seg.starts)):
                 entry = first if index == first_index and first is not None else (
                     self._next_streamed(seg, index, reader, stream))
                 if entry is None:
                     return
+                if index == first_index:  # the request goes out once its first chunk is due
+                    try:
+                        body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size)
+                    except Exception as err:  # the chunk-by-chunk path reports store errors
+                        log.debug("read-ahead of %s could not start: %s", seg.key, err)
                 begin, end = seg.bounds(index)
                 with self._cond:  # on it: a reader joining this chunk has not overtaken us
                     stream.next_index = index + 1
+                    if index + 1 == len(seg.starts):
+                        stream.on_last = True
+                        self._wake_next(reader, seg.key)
                 try:
                     if body is None:
                         self._download(seg, index, entry)
@@ -638,8 +646,15 @@ class ChunkCache:
             with self._cond:
                 if self._streams.get((reader, seg.key)) is stream:
                     del self._streams[(reader, seg.key)]
+                    self._wake_next(reader, seg.key)
                 self._cond.notify_all()
                 self._stream_threads.discard(threading.current_thread())
+
+    def _wake_next(self, reader: ReaderId, key: str) -> None:
+        """Wake `reader`'s stream of the segment after `key`, which waits for this one."""
+        for (owner, _segment), other in self._streams.items():
+            if owner == reader and other.after == key:
+                other.wake.notify()
 
     def _store_streamed(self, seg: SegmentInfo, index: int, entry: CacheEntry,
                         body: ByteStream) -> bool:
@@ -716,6 +731,9 @@ class ChunkCache:
                         or at is None or not at[2]
                         or index > at[1] + self.settings.chunk_prefetch):
                     return
+                if stream.after is not None and not stream.due:
+                    stream.due = True  # it waits for the segment before: the reader is here
+                    stream.wake.notify()
                 self._cond.wait(deadline - time.monotonic())
 
     def _next_streamed(self, seg: SegmentInfo, index: int, reader: ReaderId,
@@ -731,7 +749,12 @@ class ChunkCache:
                     return None
                 at = self._readers.position(reader)
                 if at is not None and at[0] == stream.after and at[0] != seg.key:
-                    if index == 0:  # the reader finishes the segment before: its next chunk
+                    # the reader finishes the segment before: its next chunk, once that
+                    # segment's own stream is on its last chunk (the reader needs those
+                    # first, and two requests at once share the bandwidth), or at once
+                    # when the reader is already waiting for it
+                    before = self._streams.get((reader, stream.after))
+                    if index == 0 and (stream.due or before is None or before.on_last):
                         self._readers.add_hold(reader, chunk)
                         break
                 elif at is not None and at[0] != seg.key:

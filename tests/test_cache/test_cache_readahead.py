@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,13 @@ class Streamer:
     corrupt: set[int] = field(default_factory=set)
     hold_at: int | None = None
     release: threading.Event = field(default_factory=threading.Event)
+    #: called with the key as each request goes out
+    on_open: Callable[[str], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, key: str, begin: int, end: int) -> Stream:
+        if self.on_open is not None:
+            self.on_open(key)
         stream = Stream(self.objects[key], begin, end, self.break_at, set(self.corrupt),
                         self.hold_at, self.release)
         with self.lock:
@@ -293,3 +298,33 @@ def test_a_full_disk_under_a_stream_fails_its_readers_instead_of_leaving_them_wa
                 seg.read(begin, min(begin + 2000, starts[3]), reader="c")
         room["bytes"] = 1 << 30
         assert seg.read(starts[1], starts[1] + 100, reader="c") == data[starts[1]:starts[1] + 100]
+
+
+def test_the_next_segment_s_request_waits_for_this_segment_s_chunks(
+        tmp_path: Path, data: bytes) -> None:
+    """The next segment's first chunk is read ahead once this segment's stream is storing its
+    last chunk, not sooner: the reader needs this segment's chunks first, and two requests at
+    once would share the store's bandwidth."""
+    key2 = KEY.replace("0-1023", "1024-2047")
+    data2 = make_segment(batches=256, base_offset=1024)
+    starts = layout(data, CHUNK)
+    hold = starts[-2] + 500  # inside the chunk before the last
+    cache, fetch, stream = open_cache(tmp_path, data, hold_at=hold)
+    stream.objects[key2] = data2
+    opened: list[tuple[str, int]] = []
+    stream.on_open = lambda key: opened.append((key, cache.stats()["hydrated_chunks"]))
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg2 = cache.open_segment(key2, len(data2), layout(data2, CHUNK), verifier(key2))
+        at = starts[-3]
+        seg.read(at, at + 100, reader="c")  # a miss: the stream starts here
+        seg.read(at + 100, at + 200, reader="c")  # sequential: it goes on, and stops at `hold`
+        assert seg2.read_ahead("c", after=KEY)
+        stream.release.set()
+        wait_until(lambda: len(opened) == 2, "the next segment's request")
+        # chunks -3 and -2 were stored before the next segment's request went out
+        assert opened[0][0] == KEY and opened[1] == (key2, opened[1][1])
+        assert opened[1][1] >= 2
+        seg.read(at + 200, len(data), reader="c")
+        assert seg2.read(0, 3000, reader="c") == data2[:3000]
+        assert fetch.calls == []

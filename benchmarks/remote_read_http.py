@@ -25,7 +25,7 @@ Measures (MB/s are 10**6 bytes per second; every byte read is compared with the 
 * cold: a 1 MiB fetch of a chunk nobody read yet (empty cache for it), median; baseline: a
   boto3 GET of one chunk-sized range of the same object.
 * active segment: warm fetch latency of archived offsets of partition 2 (big active segment,
-  empty index) over partition 1's (16 MiB active segment), interleaved.
+  empty index) over partition 1's (16 MiB active segment), interleaved on one connection.
 
 moto reads the whole object for every GET, ranged or not (a 1 MiB range of a 64 MiB object
 costs about what the whole object does). Each figure therefore compares like with like where it
@@ -211,12 +211,16 @@ class Consumer:
         self.name = name
         self.partition = partition
 
-    def fetch(self, offset: int, max_bytes: int = FETCH) -> tuple[bytes, int]:
+    def fetch(self, offset: int, max_bytes: int = FETCH, *, partition: int | None = None,
+              name: str | None = None) -> tuple[bytes, int]:
+        """Raw batches from `offset`; `partition` and `name` (the session) default to the
+        connection's."""
         query = f"offset={offset}&max_bytes={max_bytes}"
-        if self.name is not None:
-            query += f"&consumer={self.name}"
-        self.conn.request("GET", f"/v1/topics/{TOPIC}/partitions/{self.partition}/records?"
-                          + query)
+        name = self.name if name is None else name
+        if name is not None:
+            query += f"&consumer={name}"
+        partition = self.partition if partition is None else partition
+        self.conn.request("GET", f"/v1/topics/{TOPIC}/partitions/{partition}/records?" + query)
         resp = self.conn.getresponse()
         body = resp.read()
         if resp.status != 200:
@@ -598,16 +602,17 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
 
     progress("active segment: small vs big with an empty index")
     lat: dict[int, list[float]] = {1: [], 2: []}
-    consumers = {p: Consumer(daemon.port, f"active{p}", p) for p in (1, 2)}
-    for consumer in consumers.values():
-        consumer.fetch(0)
+    # one connection for both partitions (a session each): a connection's thread stays where
+    # the scheduler put it, and on 2 cores where that is can double a fetch's latency
+    consumer = Consumer(daemon.port, None)
+    for partition in lat:
+        consumer.fetch(0, partition=partition, name=f"active{partition}")
     for _ in range(args.trials * 20):  # interleaved, so a passing disturbance hits both
-        for partition, consumer in consumers.items():
+        for partition, samples in lat.items():
             t = time.perf_counter()
-            consumer.fetch(0)
-            lat[partition].append(time.perf_counter() - t)
-    for consumer in consumers.values():
-        consumer.close()
+            consumer.fetch(0, partition=partition, name=f"active{partition}")
+            samples.append(time.perf_counter() - t)
+    consumer.close()
     out["active_segment"] = {
         "small_active_ms": median_ms(lat[1]), "small_active_bytes": SMALL_ACTIVE,
         "big_active_empty_index_ms": median_ms(lat[2]),

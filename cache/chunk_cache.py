@@ -519,13 +519,13 @@ class ChunkCache:
         catches up with its stream so waits for the batches it reads, not for a whole chunk."""
         if partial_at is not None:
             with self._cond:
-                while entry.download is download:
+                while entry.download is download and entry.progress is not None:
                     staged = entry.staged
                     if staged is not None and entry.ready > partial_at:
                         begin = seg.bounds(index)[0]
                         # the stream clears `staged` under this lock before it closes the file
                         return ChunkFile(os.dup(staged.read_fd), begin, begin + entry.ready)
-                    self._cond.wait()
+                    entry.progress.wait()  # woken by this chunk's progress only
         download.result()
         return None
 
@@ -691,7 +691,8 @@ class ChunkCache:
                     verify(run, begin + offset)
                 with self._cond:
                     entry.ready = offset + len(run)
-                    self._cond.notify_all()
+                    if entry.progress is not None:  # only the readers of this chunk
+                        entry.progress.notify_all()
 
             with self._cond:
                 entry.staged = staged
@@ -837,8 +838,7 @@ class ChunkCache:
             entry.last_access = self._clock()
             assert entry.download is not None
             entry.download.set_result(None)
-            entry.download = None
-            self._cond.notify_all()
+            self._done(entry)
         return data
 
     def _fail(self, entry: CacheEntry, err: BaseException) -> None:
@@ -849,8 +849,15 @@ class ChunkCache:
                 self._remove(entry)
             assert entry.download is not None  # noqa: S101 - only while downloading
             entry.download.set_exception(err)
-            entry.download = None
-            self._cond.notify_all()
+            self._done(entry)
+
+    def _done(self, entry: CacheEntry) -> None:
+        """The entry's download is over (its result or error set); under the lock."""
+        entry.download = None
+        if entry.progress is not None:
+            entry.progress.notify_all()
+            entry.progress = None
+        self._cond.notify_all()
 
     def _commit_staged(self, seg: SegmentInfo, staged: StagedChunk, begin: int
                        ) -> tuple[int, ...] | None:
@@ -887,6 +894,7 @@ class ChunkCache:
                 return found, False, found.download
             entry = CacheEntry(chunk, bounds[1] - bounds[0], self._clock(), None)
             entry.download = Future()
+            entry.progress = threading.Condition(self._lock)
             entry.pins = 1
             self._add_entry(entry)
             self._counters["prefetches" if prefetch else "misses"] += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cached_property
@@ -42,8 +43,8 @@ class CacheEntry:
     is its temporary file and `ready` how many bytes from the chunk's start are in it and
     verified (whole batches): those may be served before the rest arrives."""
 
-    __slots__ = ("chunk", "crcs", "download", "last_access", "pins", "ready", "size", "staged",
-                 "verified")
+    __slots__ = ("chunk", "crcs", "download", "last_access", "pins", "progress", "ready", "size",
+                 "staged", "verified")
 
     def __init__(
         self, chunk: ChunkId, size: int, last_access: float, crcs: tuple[int, ...] | None
@@ -59,3 +60,5 @@ class CacheEntry:
         self.download: Future[None] | None = None
         self.staged: StagedChunk | None = None
         self.ready = 0
+        #: notified (over the cache's lock) when `ready` moves and when the download ends
+        self.progress: threading.Condition | None = None

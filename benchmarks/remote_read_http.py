@@ -37,8 +37,10 @@ Every session starts on segments no other session touched: a session reading tow
 of its segment reads ahead into the next one, so a run starting on a segment another session
 read ahead would find its first chunk cached and stream the rest with a ranged GET, which moto
 serves by copying the object's tail (about 20 ms more for a 62 MiB segment). With
-`--segments` at its default every role gets its own segments with an unread one after them;
-fewer segments (tiny runs) share them.
+`--segments` at its default every role gets its own segments with an unread one after them
+(the concurrent consumers' segments are consecutive, as they always were: they start
+together, so none finds its first chunk read ahead by another); fewer segments (tiny runs)
+share them.
 """
 
 from __future__ import annotations
@@ -333,8 +335,10 @@ class Roles:
 
 
 #: segments for every role to have its own, each followed by one nobody reads (a session
-#: reads ahead into the segment after its own: see the module docstring)
-ROLES_SPACED = 2 + 2 * SEQUENTIAL_RUNS + CATCH_UP + 1 + 2 * CONSUMERS + 1
+#: reads ahead into the segment after its own: see the module docstring); the concurrent
+#: consumers read consecutive segments, as they always did: they start together, so none
+#: finds its first chunk read ahead by another
+ROLES_SPACED = 2 + 2 * SEQUENTIAL_RUNS + CATCH_UP + 1 + CONSUMERS + 1 + 1
 
 
 def plan_roles(count: int) -> Roles:
@@ -345,7 +349,7 @@ def plan_roles(count: int) -> Roles:
         concurrent = catch_up + CATCH_UP + 1
         return Roles(0, [2 + 2 * i for i in range(SEQUENTIAL_RUNS)],
                      list(range(catch_up, catch_up + CATCH_UP)),
-                     [concurrent + 2 * i for i in range(CONSUMERS)], count - 1)
+                     list(range(concurrent, concurrent + CONSUMERS)), count - 1)
     middle = list(range(1, count - 1))
     return Roles(0, [middle[i % len(middle)] for i in range(SEQUENTIAL_RUNS)],
                  middle[:CATCH_UP], [middle[i % len(middle)] for i in range(CONSUMERS)],

@@ -619,6 +619,7 @@ class ChunkCache:
                 begin, end = seg.bounds(index)
                 with self._cond:  # on it: a reader joining this chunk has not overtaken us
                     stream.next_index = index + 1
+                    self._cond.notify_all()  # a reader waiting for it (_await_stream) joins now
                     if index + 1 == len(seg.starts):
                         stream.on_last = True
                         self._wake_next(reader, seg.key)

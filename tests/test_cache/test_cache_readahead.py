@@ -35,18 +35,18 @@ class Stream:
     break_at: int | None = None
     #: byte offsets (absolute) flipped in what is handed out
     corrupt: set[int] = field(default_factory=set)
-    #: the stream stops at this byte (absolute) until `release` is set
-    hold_at: int | None = None
-    release: threading.Event = field(default_factory=threading.Event)
+    #: the stream stops at each of these bytes (absolute) until its event is set
+    holds: dict[int, threading.Event] = field(default_factory=dict)
     closed: bool = False
 
     def read(self, n: int = -1, /) -> bytes:
         if self.break_at is not None and self.pos >= self.break_at:
             raise ConnectionResetError("connection reset by peer")
-        if self.hold_at is not None and self.pos < self.hold_at:
-            n = min(n, self.hold_at - self.pos)
-        elif self.hold_at is not None and self.pos == self.hold_at:
-            self.release.wait()
+        if self.pos in self.holds:
+            self.holds[self.pos].wait()
+        ahead = [at for at in self.holds if at > self.pos]
+        if ahead:
+            n = min(n, min(ahead) - self.pos)
         n = min(n, 1000)  # arrives in pieces, as from a socket
         got = bytearray(self.data[self.pos:min(self.end, self.pos + n)])
         for at in self.corrupt:
@@ -70,8 +70,7 @@ class Streamer:
     opened: list[Stream] = field(default_factory=list)
     break_at: int | None = None
     corrupt: set[int] = field(default_factory=set)
-    hold_at: int | None = None
-    release: threading.Event = field(default_factory=threading.Event)
+    holds: dict[int, threading.Event] = field(default_factory=dict)
     #: called with the key as each request goes out
     on_open: Callable[[str], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -80,7 +79,7 @@ class Streamer:
         if self.on_open is not None:
             self.on_open(key)
         stream = Stream(self.objects[key], begin, end, self.break_at, set(self.corrupt),
-                        self.hold_at, self.release)
+                        self.holds)
         with self.lock:
             self.opened.append(stream)
         return stream
@@ -241,7 +240,7 @@ def test_a_reader_is_served_the_verified_start_of_a_chunk_still_arriving(
     whole chunk; what it gets has passed its checks, however the stream is cut."""
     starts = layout(data, CHUNK)
     hold = starts[1] + (starts[2] - starts[1]) // 2  # inside a batch, mid chunk 1
-    cache, fetch, stream = open_cache(tmp_path, data, hold_at=hold)
+    cache, fetch, stream = open_cache(tmp_path, data, holds={hold: threading.Event()})
     with cache:
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
         first = seg.open_chunk(0, starts[1] - 1, reader="c")
@@ -251,7 +250,7 @@ def test_a_reader_is_served_the_verified_start_of_a_chunk_still_arriving(
         assert part.begin == starts[1] and starts[1] < part.end <= hold
         assert part.end in batch_positions(data)  # whole batches only
         assert read_file(part) == data[part.begin:part.end]
-        stream.release.set()
+        stream.holds[hold].set()
         assert read_on(seg, data, part.end, starts[2])[-1] == starts[2]
         assert fetch.calls == [] and len(stream.opened) == 1
 
@@ -262,7 +261,8 @@ def test_a_reader_is_never_served_past_a_corrupt_batch_of_a_chunk_arriving(
     positions = batch_positions(data)
     bad = next(p for p in positions if p > starts[1] + 2000)  # a batch in chunk 1
     hold = next(p for p in positions if p > bad) + 100  # past it, inside the next one
-    cache, fetch, stream = open_cache(tmp_path, data, hold_at=hold, corrupt={bad + 70})
+    cache, fetch, stream = open_cache(tmp_path, data, holds={hold: threading.Event()},
+                                      corrupt={bad + 70})
     with cache:
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
         os.close(seg.open_chunk(0, starts[1] - 1, reader="c").fd)
@@ -270,7 +270,7 @@ def test_a_reader_is_never_served_past_a_corrupt_batch_of_a_chunk_arriving(
         part = seg.open_chunk(starts[1], starts[2] - 1, reader="c")
         assert part.end <= bad
         assert read_file(part) == data[part.begin:part.end]
-        stream.release.set()
+        stream.holds[hold].set()
         ends = read_on(seg, data, part.end, starts[2])
         assert all(end <= bad for end in ends[:-1])  # a view of the chunk still arriving
         assert [c[1] for c in fetch.calls] == [starts[1]]  # then fetched again, whole
@@ -309,7 +309,7 @@ def test_the_next_segment_s_request_waits_for_this_segment_s_chunks(
     data2 = make_segment(batches=256, base_offset=1024)
     starts = layout(data, CHUNK)
     hold = starts[-2] + 500  # inside the chunk before the last
-    cache, fetch, stream = open_cache(tmp_path, data, hold_at=hold)
+    cache, fetch, stream = open_cache(tmp_path, data, holds={hold: threading.Event()})
     stream.objects[key2] = data2
     opened: list[tuple[str, int]] = []
     stream.on_open = lambda key: opened.append((key, cache.stats()["hydrated_chunks"]))
@@ -320,11 +320,38 @@ def test_the_next_segment_s_request_waits_for_this_segment_s_chunks(
         seg.read(at, at + 100, reader="c")  # a miss: the stream starts here
         seg.read(at + 100, at + 200, reader="c")  # sequential: it goes on, and stops at `hold`
         assert seg2.read_ahead("c", after=KEY)
-        stream.release.set()
+        stream.holds[hold].set()
         wait_until(lambda: len(opened) == 2, "the next segment's request")
         # chunks -3 and -2 were stored before the next segment's request went out
         assert opened[0][0] == KEY and opened[1] == (key2, opened[1][1])
         assert opened[1][1] >= 2
         seg.read(at + 200, len(data), reader="c")
         assert seg2.read(0, 3000, reader="c") == data2[:3000]
+        assert fetch.calls == []
+
+
+def test_a_reader_waiting_for_its_stream_to_start_a_chunk_joins_it_at_once(
+        tmp_path: Path, data: bytes) -> None:
+    """A reader that reaches a chunk before its stream has started it waits for the stream,
+    and is served that chunk's first verified batches as soon as they are in, not the whole
+    chunk later."""
+    starts = layout(data, CHUNK)
+    end_of_0 = starts[1] - 100  # the stream stops just before chunk 0 is whole
+    inside_1 = starts[1] + (starts[2] - starts[1]) // 2  # and again in the middle of chunk 1
+    holds = {end_of_0: threading.Event(), inside_1: threading.Event()}
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=1, holds=holds)
+    got: list[ChunkFile] = []
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        os.close(seg.open_chunk(0, starts[1] - 1, reader="c").fd)
+        os.close(seg.open_chunk(100, starts[1] - 1, reader="c").fd)  # sequential
+        waiter = threading.Thread(
+            target=lambda: got.append(seg.open_chunk(starts[1], starts[2] - 1, reader="c")))
+        waiter.start()  # chunk 1 is not started: the reader waits for its stream
+        holds[end_of_0].set()
+        wait_until(lambda: bool(got), "chunk 1's verified start, the stream held inside it")
+        assert starts[1] < got[0].end <= inside_1
+        assert read_file(got[0]) == data[starts[1]:got[0].end]
+        holds[inside_1].set()
+        waiter.join()
         assert fetch.calls == []

@@ -10,9 +10,13 @@ process serves `GET /v1/topics/T/partitions/P/records` with `cloud_storage_chunk
 --prefetch`.
 
 Measures (MB/s are 10**6 bytes per second; every byte read is compared with the log):
-* sequential: one consumer session reads a segment start to end in 1 MiB fetches over one
-  keep-alive connection; baseline: a boto3 streamed GET of the same object (1 MiB reads), run
-  just before it. Three segments, medians reported. Also the daemon's CPU seconds per MB.
+* sequential: one new consumer session reads a segment start to end in 1 MiB fetches over one
+  keep-alive connection, its last fetch ending where the segment does (the bytes of the
+  object, no more); baseline: a boto3 streamed GET of the same object (1 MiB reads), run just
+  before it. Three segments, medians reported. Also the daemon's CPU seconds per MB.
+* sequential_catch_up: one consumer session reads `CATCH_UP` consecutive segments start to end,
+  as a consumer that fell behind does (read-ahead carries it across segment boundaries);
+  baseline: boto3 streamed GETs of the same objects one after the other.
 * concurrent: 8 consumer sessions at once, one segment each; baseline: 8 boto3 threads reading
   the same 8 objects in chunk-sized ranged GETs.
 * warm: the same 1 MiB fetch again (chunk cached), median latency; baseline: a minimal
@@ -21,13 +25,22 @@ Measures (MB/s are 10**6 bytes per second; every byte read is compared with the 
 * cold: a 1 MiB fetch of a chunk nobody read yet (empty cache for it), median; baseline: a
   boto3 GET of one chunk-sized range of the same object.
 * active segment: warm fetch latency of archived offsets of partition 2 (big active segment,
-  empty index) over partition 1's (16 MiB active segment), interleaved.
+  empty index) over partition 1's (16 MiB active segment), interleaved on one connection.
 
 moto reads the whole object for every GET, ranged or not (a 1 MiB range of a 64 MiB object
 costs about what the whole object does). Each figure therefore compares like with like where it
-can: the sequential baseline is one GET, as tiered's read-ahead stream is one GET (plus the
-first chunk's), and the cold baseline is the same single ranged GET tiered makes. `moto_get_ms`
-reports the cost of a 1-byte ranged GET of the segment object, the floor of every GET here.
+can: the sequential baseline is one GET, as tiered's read-ahead stream from byte 0 is one GET,
+and the cold baseline is the same single ranged GET tiered makes. `moto_get_ms` reports the
+cost of a 1-byte ranged GET of the segment object, the floor of every GET here.
+
+Every session starts on segments no other session touched: a session reading towards the end
+of its segment reads ahead into the next one, so a run starting on a segment another session
+read ahead would find its first chunk cached and stream the rest with a ranged GET, which moto
+serves by copying the object's tail (about 20 ms more for a 62 MiB segment). With
+`--segments` at its default every role gets its own segments with an unread one after them
+(the concurrent consumers' segments are consecutive, as they always were: they start
+together, so none finds its first chunk read ahead by another); fewer segments (tiny runs)
+share them.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +84,9 @@ FETCH = 1 << 20
 SMALL_ACTIVE = 16 * MIB
 #: sequential runs (one segment each); the report gives their medians
 SEQUENTIAL_RUNS = 3
+#: segments the catching-up consumer reads in one session
+CATCH_UP = 3
+CONSUMERS = 8
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -196,12 +213,16 @@ class Consumer:
         self.name = name
         self.partition = partition
 
-    def fetch(self, offset: int, max_bytes: int = FETCH) -> tuple[bytes, int]:
+    def fetch(self, offset: int, max_bytes: int = FETCH, *, partition: int | None = None,
+              name: str | None = None) -> tuple[bytes, int]:
+        """Raw batches from `offset`; `partition` and `name` (the session) default to the
+        connection's."""
         query = f"offset={offset}&max_bytes={max_bytes}"
-        if self.name is not None:
-            query += f"&consumer={self.name}"
-        self.conn.request("GET", f"/v1/topics/{TOPIC}/partitions/{self.partition}/records?"
-                          + query)
+        name = self.name if name is None else name
+        if name is not None:
+            query += f"&consumer={name}"
+        partition = self.partition if partition is None else partition
+        self.conn.request("GET", f"/v1/topics/{TOPIC}/partitions/{partition}/records?" + query)
         resp = self.conn.getresponse()
         body = resp.read()
         if resp.status != 200:
@@ -213,9 +234,11 @@ class Consumer:
 
 
 class LeanConsumer:
-    """The same requests over a raw keep-alive socket, answers read straight into memory: the
-    throughput runs use it so that, on a 2-core machine, they measure the server rather than
-    http.client's header parsing (1-3 ms of client CPU per 1 MiB answer)."""
+    """The same requests over a raw keep-alive socket, answers read straight into memory the
+    caller has ready (as a consumer reusing its buffers does): the throughput runs use it so
+    that, on a 2-core machine, they measure the server rather than the client (http.client's
+    header parsing costs 1-3 ms of client CPU per 1 MiB answer; faulting in fresh memory for
+    every answer about 0.3 ms per MB)."""
 
     def __init__(self, port: int, name: str, partition: int = 0) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=120)
@@ -223,7 +246,9 @@ class LeanConsumer:
         self.prefix = f"GET /v1/topics/{TOPIC}/partitions/{partition}/records?consumer={name}"
         self.buffer = b""
 
-    def fetch(self, offset: int, max_bytes: int = FETCH) -> tuple[bytes, int]:
+    def fetch(self, offset: int, max_bytes: int = FETCH, into: memoryview | None = None
+              ) -> tuple[memoryview, int]:
+        """The answer's bytes (in `into` when given) and the next offset."""
         self.sock.sendall(f"{self.prefix}&offset={offset}&max_bytes={max_bytes} HTTP/1.1\r\n"
                           "Host: bench\r\n\r\n".encode())
         while b"\r\n\r\n" not in self.buffer:
@@ -237,8 +262,9 @@ class LeanConsumer:
             raise SystemExit(f"fetch at {offset}: {lines[0]}")
         fields = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
         size = int(fields["content-length"])
-        body = bytearray(size)
-        view = memoryview(body)
+        if into is not None and len(into) < size:
+            raise SystemExit(f"fetch at {offset}: {size} bytes do not fit in {len(into)}")
+        view = memoryview(bytearray(size)) if into is None else into[:size]
         n = min(len(rest), size)
         view[:n] = rest[:n]
         self.buffer = rest[n:]
@@ -247,7 +273,7 @@ class LeanConsumer:
             if not count:
                 raise SystemExit("the daemon closed the connection mid-answer")
             n += count
-        return bytes(body), int(fields["x-next-offset"])
+        return view, int(fields["x-next-offset"])
 
     def close(self) -> None:
         self.sock.close()
@@ -295,6 +321,39 @@ def disk_write_rate(work: Path, total: int = 512 * MIB) -> float:
     took = time.perf_counter() - start
     shutil.rmtree(target)
     return round(total / took / MB, 1)
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which segments of partition 0 each measurement reads."""
+
+    warm: int
+    sequential: list[int]
+    catch_up: list[int]
+    concurrent: list[int]
+    cold: int
+
+
+#: segments for every role to have its own, each followed by one nobody reads (a session
+#: reads ahead into the segment after its own: see the module docstring); the concurrent
+#: consumers read consecutive segments, as they always did: they start together, so none
+#: finds its first chunk read ahead by another
+ROLES_SPACED = 2 + 2 * SEQUENTIAL_RUNS + CATCH_UP + 1 + CONSUMERS + 1 + 1
+
+
+def plan_roles(count: int) -> Roles:
+    """Segments for each measurement out of `count`: spaced when there are enough, else
+    shared (a tiny run checks the bytes, not the speed)."""
+    if count >= ROLES_SPACED:
+        catch_up = 2 + 2 * SEQUENTIAL_RUNS
+        concurrent = catch_up + CATCH_UP + 1
+        return Roles(0, [2 + 2 * i for i in range(SEQUENTIAL_RUNS)],
+                     list(range(catch_up, catch_up + CATCH_UP)),
+                     list(range(concurrent, concurrent + CONSUMERS)), count - 1)
+    middle = list(range(1, count - 1))
+    return Roles(0, [middle[i % len(middle)] for i in range(SEQUENTIAL_RUNS)],
+                 middle[:CATCH_UP], [middle[i % len(middle)] for i in range(CONSUMERS)],
+                 count - 1)
 
 
 def median_ms(samples: list[float]) -> float:
@@ -374,37 +433,44 @@ class Run:
                 raise SystemExit(f"bytes served differ from the log at {position}")
 
     # -- contenders -----------------------------------------------------------------------
-    def consume(self, port: int, name: str, segment: int) -> tuple[int, float]:
-        """Read segment `segment` start to end as a consumer session; (bytes, seconds). The
-        bytes are compared with the log afterwards, outside the time."""
-        total, took, pieces = self.read_segment(port, name, segment)
-        self.check_segment(segment, pieces)
+    def consume(self, port: int, name: str, segments: list[int]) -> tuple[int, float]:
+        """Read `segments` (consecutive) start to end as one consumer session; (bytes,
+        seconds). The bytes are compared with the log afterwards, outside the time."""
+        total, took, pieces = self.read_segments(port, name, segments)
+        self.check_segments(segments[0], pieces)
         return total, took
 
-    def read_segment(self, port: int, name: str, segment: int
-                     ) -> tuple[int, float, list[bytes]]:
-        base, end, _size, _key = self.segments[segment]
+    def read_segments(self, port: int, name: str, segments: list[int]
+                      ) -> tuple[int, float, list[memoryview]]:
+        """Fetch consecutive `segments` start to end in 1 MiB fetches, the last one ending
+        where the last segment does: the consumer reads those objects' bytes, no more, into
+        memory it has ready before the clock starts."""
+        first, last = self.segments[segments[0]], self.segments[segments[-1]]
+        size = sum(self.segments[i][2] for i in segments)
+        space = memoryview(bytearray(size))
+        space[:] = bytes(size)  # touched: no page faults while measured
         consumer = LeanConsumer(port, name)
-        offset, total = base, 0
+        offset, total = first[0], 0
         start = time.perf_counter()
         pieces = []
-        while offset < end:
-            body, offset = consumer.fetch(offset)
+        while offset < last[1]:
+            body, offset = consumer.fetch(offset, min(FETCH, size - total), space[total:])
             pieces.append(body)
             total += len(body)
         took = time.perf_counter() - start
         consumer.close()
         return total, took, pieces
 
-    def check_segment(self, segment: int, pieces: list[bytes]) -> None:
+    def check_segments(self, segment: int, pieces: list[memoryview]) -> None:
         position = 0
-        # the last fetch may run into the next segment: compare against the log's bytes
         served = b"".join(pieces)
         for seg_base, _end, size, _key in self.segments[segment:]:
             if position >= len(served):
                 break
             self.check(0, seg_base, 0, served[position:position + size])
             position += size
+        if position != len(served):
+            raise SystemExit(f"served {len(served)} bytes, the segments hold {position}")
 
     def boto3_stream(self, segment: int) -> tuple[int, float]:
         key = self.segments[segment][3]
@@ -440,9 +506,10 @@ class Run:
 def run_http(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="remote_read.py http", description=__doc__)
     parser.add_argument("--segment-mb", type=int, default=62)
-    parser.add_argument("--segments", type=int, default=13,
-                        help="archived segments of partition 0: warm, 3 sequential, 8 "
-                             "concurrent, cold")
+    parser.add_argument("--segments", type=int, default=ROLES_SPACED,
+                        help="archived segments of partition 0: warm, 3 sequential, 3 "
+                             "catching up, 8 concurrent, cold; each role's own with an unread "
+                             f"one after it at {ROLES_SPACED} or more, shared below")
     parser.add_argument("--chunk-mb", type=int, default=16)
     parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--big-active-mb", type=int, default=256)
@@ -451,8 +518,8 @@ def run_http(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--cache-on-disk", action="store_true",
                         help="put the read cache in the work directory, not on tmpfs")
     args = parser.parse_args(argv)
-    if args.segments < SEQUENTIAL_RUNS + 3:
-        parser.error(f"--segments must be at least {SEQUENTIAL_RUNS + 3}")
+    if args.segments < CATCH_UP + 3:
+        parser.error(f"--segments must be at least {CATCH_UP + 3}")
     work = Path(tempfile.mkdtemp(prefix="tiered-remote-read-http-"))
     report: dict[str, Any] = {"benchmark": "remote_read http", "segment_bytes":
                               args.segment_mb * MIB, "chunk_bytes": args.chunk_mb * MIB,
@@ -481,7 +548,8 @@ def run_http(argv: list[str]) -> dict[str, Any]:
 def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     rng = random.Random(args.seed)
-    seg0 = run.segments[0]
+    roles = plan_roles(len(run.segments))
+    seg0 = run.segments[roles.warm]
     # the floor of any GET on moto: a 1-byte range of the segment object
     floor = []
     for _ in range(3):
@@ -492,7 +560,7 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
 
     progress("cold 1 MiB fetches")
     cold, chunk_get = [], []
-    last_segment = run.segments[-1]
+    last_segment = run.segments[roles.cold]
     chunks = list(range(0, last_segment[2] - FETCH, run.chunk))
     for begin in rng.sample(chunks, min(args.trials, len(chunks))):
         # an offset in that chunk (every batch has the same size)
@@ -538,16 +606,17 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
 
     progress("active segment: small vs big with an empty index")
     lat: dict[int, list[float]] = {1: [], 2: []}
-    consumers = {p: Consumer(daemon.port, f"active{p}", p) for p in (1, 2)}
-    for consumer in consumers.values():
-        consumer.fetch(0)
+    # one connection for both partitions (a session each): a connection's thread stays where
+    # the scheduler put it, and on 2 cores where that is can double a fetch's latency
+    consumer = Consumer(daemon.port, None)
+    for partition in lat:
+        consumer.fetch(0, partition=partition, name=f"active{partition}")
     for _ in range(args.trials * 20):  # interleaved, so a passing disturbance hits both
-        for partition, consumer in consumers.items():
+        for partition, samples in lat.items():
             t = time.perf_counter()
-            consumer.fetch(0)
-            lat[partition].append(time.perf_counter() - t)
-    for consumer in consumers.values():
-        consumer.close()
+            consumer.fetch(0, partition=partition, name=f"active{partition}")
+            samples.append(time.perf_counter() - t)
+    consumer.close()
     out["active_segment"] = {
         "small_active_ms": median_ms(lat[1]), "small_active_bytes": SMALL_ACTIVE,
         "big_active_empty_index_ms": median_ms(lat[2]),
@@ -556,10 +625,10 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
 
     progress("sequential consumer")
     runs: list[dict[str, float]] = []
-    for segment in range(1, 1 + SEQUENTIAL_RUNS):  # each its own segment, baseline first
+    for segment in roles.sequential:  # each its own segment, baseline first
         total, took = run.boto3_stream(segment)
         cpu0 = daemon.cpu_s()
-        mine, mine_s = run.consume(daemon.port, f"sequential{segment}", segment)
+        mine, mine_s = run.consume(daemon.port, f"sequential{segment}", [segment])
         cpu = daemon.cpu_s() - cpu0
         runs.append({"tiered_mb_per_s": round(mine / mine_s / MB, 1),
                      "boto3_streamed_get_mb_per_s": round(total / took / MB, 1),
@@ -569,18 +638,28 @@ def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any
         key: statistics.median(float(r[key]) for r in runs) for key in runs[0]
     } | {"runs": runs}
 
-    progress("8 concurrent consumers")
-    count = 8
-    first = 1 + SEQUENTIAL_RUNS
-    spare = len(run.segments) - first - 1  # not the warm, sequential nor cold ones
-    targets = [first + (i % spare) for i in range(count)]
-    ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), count)
+    progress(f"a consumer catching up over {CATCH_UP} segments")
+    start = time.perf_counter()
+    total = sum(run.boto3_stream(segment)[0] for segment in roles.catch_up)
+    took = time.perf_counter() - start
+    cpu0 = daemon.cpu_s()
+    mine, mine_s = run.consume(daemon.port, "catch-up", roles.catch_up)
+    cpu = daemon.cpu_s() - cpu0
+    out["sequential_catch_up"] = {
+        "segments": len(roles.catch_up), "tiered_mb_per_s": round(mine / mine_s / MB, 1),
+        "boto3_streamed_gets_mb_per_s": round(total / took / MB, 1),
+        "ratio": ratio(mine / mine_s, total / took),
+        "daemon_cpu_s_per_mb": round(cpu / (mine / MB), 4)}
+
+    progress(f"{CONSUMERS} concurrent consumers")
+    targets = roles.concurrent
+    ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), CONSUMERS)
     reads, took = run.parallel(
-        lambda i: run.read_segment(daemon.port, f"c{i}", targets[i]), count)
+        lambda i: run.read_segments(daemon.port, f"c{i}", [targets[i]]), CONSUMERS)
     for target, (_total, _took, pieces) in zip(targets, reads, strict=True):
-        run.check_segment(target, pieces)
+        run.check_segments(target, pieces)
     out["concurrent"] = {
-        "consumers": count,
+        "consumers": CONSUMERS,
         "tiered_mb_per_s": round(sum(r[0] for r in reads) / took / MB, 1),
         "boto3_ranged_get_threads_mb_per_s": round(sum(ranged) / ranged_s / MB, 1),
         "ratio": ratio(sum(r[0] for r in reads) / took, sum(ranged) / ranged_s)}

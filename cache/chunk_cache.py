@@ -14,9 +14,11 @@ that misses a chunk, or reads sequentially towards chunks not cached, gets one s
 from that chunk to the segment's end; its thread stores chunk after chunk as the bytes arrive,
 never more than `chunk_prefetch` chunks ahead of where the reader is (it stops reading the
 socket and waits), so a consumer that keeps up waits on no request after its first, and a
-segment read start to end costs one GET instead of one per chunk. The stream ends when the
-reader goes away, moves elsewhere, idles, or the next chunk is already cached; a broken stream
-falls back to one ranged GET per chunk.
+segment read start to end costs one GET instead of one per chunk. Each chunk is verified a run
+of whole batches at a time as it arrives (`cache.staging`), and a reader that catches up with
+its stream is served the verified start of the chunk (`open_chunk`) instead of waiting for all
+of it. The stream ends when the reader goes away, moves elsewhere, idles, or the next chunk is
+already cached; a broken stream falls back to one ranged GET per chunk.
 
 Threads: reads may come from any thread. Without a `stream` function prefetches run on
 `prefetch_executor` (a private two-thread pool when none is given and
@@ -68,7 +70,9 @@ _MAX_STREAMS = 32
 
 
 class ChunkFile(NamedTuple):
-    """An open, verified chunk file holding segment bytes [begin, end)."""
+    """An open chunk file whose verified segment bytes [begin, end) may be served. `end` is
+    short of the chunk's end when a read-ahead stream is still writing the chunk: open the
+    chunk again for bytes past it."""
 
     fd: int
     begin: int
@@ -87,6 +91,10 @@ class _Stream:
     cancelled: bool = False
     #: the segment the reader finishes before this one (its first chunk comes meanwhile)
     after: str | None = None
+    #: it has started its segment's last chunk: the stream of the segment after may go
+    on_last: bool = False
+    #: its reader waits for its first chunk (a stream of the segment after): go at once
+    due: bool = False
 
 
 class SegmentHandle:
@@ -121,8 +129,10 @@ class SegmentHandle:
                    session: bool = True) -> ChunkFile:
         """The chunk holding byte `position`, verified and open for reading (downloaded first
         when not cached), for a read of bytes [position, end) that continues past it when
-        `end` is beyond the chunk. The descriptor keeps the file readable even if the cache
-        evicts it; the caller closes it. `reader` as in `read`."""
+        `end` is beyond the chunk. While a read-ahead stream writes the chunk, what is
+        verified of it so far, once that reaches past `position` (`ChunkFile.end` then says
+        where it stops). The descriptor keeps the file readable even if the cache evicts it;
+        the caller closes it. `reader` as in `read`."""
         return self._cache._open_chunk(self._segment, position, end, reader, session)
 
     def expect(self, reader: ReaderId, begin: int, end: int) -> None:
@@ -332,7 +342,7 @@ class ChunkCache:
         def piece(index: int, pinned: list[CacheEntry]) -> bytes:
             chunk_begin, chunk_end = seg.bounds(index)
             lo, hi = max(begin, chunk_begin) - chunk_begin, min(end, chunk_end) - chunk_begin
-            return self._with_chunk(seg, index, pinned, reader, session, lambda entry, data: (
+            return self._with_chunk(seg, index, pinned, reader, session, lambda entry, data, _: (
                 self._load(seg, index, entry, lo, hi) if data is None else bytes(data[lo:hi])))
 
         return b"".join(self._visit(seg, chunks_for_range(seg.starts, begin, end), end,
@@ -343,14 +353,19 @@ class ChunkCache:
         self._check_range(seg, position, end)
         indices = chunks_for_range(seg.starts, position, max(end, position + 1))
         index = indices[0]
+        begin, chunk_end = seg.bounds(index)
 
-        def opened(index: int, pinned: list[CacheEntry]) -> int:
-            return self._with_chunk(seg, index, pinned, reader, session,
-                                    lambda entry, _data: self._open_verified(seg, index, entry))
+        def opened(index: int, pinned: list[CacheEntry]) -> ChunkFile:
+            def use(entry: CacheEntry, _data: object, partial: ChunkFile | None) -> ChunkFile:
+                if partial is not None:
+                    return partial
+                return ChunkFile(self._open_verified(seg, index, entry), begin, chunk_end)
 
-        fd = self._visit(seg, range(index, index + 1), min(end, seg.bounds(index)[1]), reader,
-                         session, opened)[0]
-        return ChunkFile(fd, *seg.bounds(index))
+            return self._with_chunk(seg, index, pinned, reader, session, use,
+                                    partial_at=position - begin)
+
+        return self._visit(seg, range(index, index + 1), min(end, chunk_end), reader,
+                           session, opened)[0]
 
     def _check_range(self, seg: SegmentInfo, begin: int, end: int) -> None:
         if not 0 <= begin <= end <= seg.size:
@@ -435,11 +450,14 @@ class ChunkCache:
 
     def _with_chunk(self, seg: SegmentInfo, index: int, pinned: list[CacheEntry],
                     reader: ReaderId | None, session: bool,
-                    use: Callable[[CacheEntry, bytes | memoryview | None], T]) -> T:
-        """`use(entry, downloaded bytes or None)` on chunk `index`, cached or downloaded now
-        (a stored chunk that fails its checks is dropped and fetched again). The chunk's entry
-        stays pinned and goes into `pinned` for the caller to unpin once the reader's holds
-        are in place."""
+                    use: Callable[[CacheEntry, bytes | memoryview | None, ChunkFile | None], T],
+                    *, partial_at: int | None = None) -> T:
+        """`use(entry, downloaded bytes or None, partial)` on chunk `index`, cached or
+        downloaded now (a stored chunk that fails its checks is dropped and fetched again).
+        With `partial_at` (an offset in the chunk), a chunk a read-ahead stream is still
+        writing may come as `partial`: its verified start, open, reaching past that offset
+        (see `_wait_ready`). The chunk's entry stays pinned and goes into `pinned` for the
+        caller to unpin once the reader's holds are in place."""
         chunk = seg.chunk_ids[index]
         if reader is not None and self._streams:
             self._await_stream(seg, index, reader)
@@ -451,15 +469,18 @@ class ChunkCache:
             keep = False
             try:
                 data: bytes | memoryview | None = None
+                partial: ChunkFile | None = None
                 if mine and session and reader is not None and (
                         self._start_stream(seg, index, reader, entry)):
                     assert download is not None  # noqa: S101 - a new entry downloads
-                    download.result()  # the stream's first chunk: this one
+                    # the stream's first chunk: this one
+                    partial = self._wait_ready(seg, index, entry, download, partial_at)
                 elif mine:
                     data = self._download(seg, index, entry)
                 elif download is not None:
-                    download.result()  # raises the downloader's error, if it failed
-                result = use(entry, data)
+                    # raises the downloader's error, if it failed
+                    partial = self._wait_ready(seg, index, entry, download, partial_at)
+                result = use(entry, data, partial)
                 keep = True
                 pinned.append(entry)
                 return result
@@ -488,6 +509,25 @@ class ChunkCache:
             f"chunk kept failing its checks after {_READ_ATTEMPTS} reads",
             path=seg.key, position=seg.bounds(index)[0],
         )
+
+    def _wait_ready(self, seg: SegmentInfo, index: int, entry: CacheEntry,
+                    download: Future[None], partial_at: int | None) -> ChunkFile | None:
+        """Wait for `entry`'s download (raising its error). With `partial_at`, stop waiting as
+        soon as the read-ahead stream writing the chunk has verified bytes past that offset:
+        then a duplicate descriptor of its temporary file, covering just those bytes (the
+        rest of the chunk is asked for again when the reader gets there). A consumer that
+        catches up with its stream so waits for the batches it reads, not for a whole chunk."""
+        if partial_at is not None:
+            with self._cond:
+                while entry.download is download and entry.progress is not None:
+                    staged = entry.staged
+                    if staged is not None and entry.ready > partial_at:
+                        begin = seg.bounds(index)[0]
+                        # the stream clears `staged` under this lock before it closes the file
+                        return ChunkFile(os.dup(staged.read_fd), begin, begin + entry.ready)
+                    entry.progress.wait()  # woken by this chunk's progress only
+        download.result()
+        return None
 
     def _open_verified(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> int:
         """An open descriptor of the stored chunk, verified: when it was downloaded, or (a file
@@ -566,26 +606,29 @@ class ChunkCache:
         assert self._streamer is not None  # noqa: S101 - _start_stream checks
         body = None
         try:
-            try:
-                body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size)
-            except Exception as err:  # the chunk-by-chunk path reports store errors
-                log.debug("read-ahead of %s could not start: %s", seg.key, err)
             for index in range(first_index, len(seg.starts)):
                 entry = first if index == first_index and first is not None else (
                     self._next_streamed(seg, index, reader, stream))
                 if entry is None:
                     return
+                if index == first_index:  # the request goes out once its first chunk is due
+                    try:
+                        body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size)
+                    except Exception as err:  # the chunk-by-chunk path reports store errors
+                        log.debug("read-ahead of %s could not start: %s", seg.key, err)
                 begin, end = seg.bounds(index)
                 with self._cond:  # on it: a reader joining this chunk has not overtaken us
                     stream.next_index = index + 1
-                staged: StagedChunk | None = None
+                    self._cond.notify_all()  # a reader waiting for it (_await_stream) joins now
+                    if index + 1 == len(seg.starts):
+                        stream.on_last = True
+                        self._wake_next(reader, seg.key)
                 try:
-                    if body is not None:
-                        staged = self._stage(seg, entry, body)
-                        if staged is None:
-                            body.close()
-                            body = None
-                    self._download(seg, index, entry, staged)
+                    if body is None:
+                        self._download(seg, index, entry)
+                    elif not self._store_streamed(seg, index, entry, body):
+                        body.close()
+                        body = None
                 except TieredError as err:  # the entry's readers got the error
                     log.warning("read-ahead of chunk %s of %s failed: %s", begin, seg.key, err)
                     return
@@ -604,18 +647,68 @@ class ChunkCache:
             with self._cond:
                 if self._streams.get((reader, seg.key)) is stream:
                     del self._streams[(reader, seg.key)]
+                    self._wake_next(reader, seg.key)
                 self._cond.notify_all()
                 self._stream_threads.discard(threading.current_thread())
 
-    def _stage(self, seg: SegmentInfo, entry: CacheEntry, body: ByteStream
-               ) -> StagedChunk | None:
-        """The entry's chunk from the stream, written to its temporary file; None when the
-        stream broke (its error logged; the chunk is then fetched by a ranged GET)."""
-        begin, end = seg.bounds(seg.starts.index(entry.chunk.start))
+    def _wake_next(self, reader: ReaderId, key: str) -> None:
+        """Wake `reader`'s stream of the segment after `key`, which waits for this one."""
+        for (owner, _segment), other in self._streams.items():
+            if owner == reader and other.after == key:
+                other.wake.notify()
+
+    def _store_streamed(self, seg: SegmentInfo, index: int, entry: CacheEntry,
+                        body: ByteStream) -> bool:
+        """Store chunk `index` for `entry` (pinned, reserved, downloading) from the stream, or
+        by a ranged GET when the stream breaks or brings a chunk that fails verification.
+        Whether the stream can go on (it is at the next chunk). A disk error fails the
+        entry's readers, as a download's does."""
+        try:
+            staged, usable = self._stage(seg, index, entry, body)
+        except BaseException as err:
+            if isinstance(err, CacheError) and not isinstance(err, CacheFullError):
+                self.write_problem = str(err)
+            self._fail(entry, err)
+            raise
+        self._download(seg, index, entry, staged)
+        return usable
+
+    def _stage(self, seg: SegmentInfo, index: int, entry: CacheEntry, body: ByteStream
+               ) -> tuple[StagedChunk | None, bool]:
+        """Chunk `index` from the stream, written to its temporary file and, unless it is the
+        whole segment (the object's CRC-32C needs every byte), verified batch by batch as it
+        arrives, each verified run offered to readers at once (`entry.staged`, `entry.ready`).
+        (None, True) when it failed verification (logged; the stream is at the next chunk),
+        (None, False) when the stream broke (logged); either way a ranged GET fetches it."""
+        begin, end = seg.bounds(index)
         staged = StagedChunk(disk.chunk_path(self.root, entry.chunk), end - begin,
                              write=self._write)
+        check = None
+        if (begin, end) != (0, seg.size):
+            verify = seg.verify
+
+            def check(run: memoryview, offset: int) -> None:
+                if verify is not None:
+                    verify(run, begin + offset)
+                with self._cond:
+                    entry.ready = offset + len(run)
+                    if entry.progress is not None:  # only the readers of this chunk
+                        entry.progress.notify_all()
+
+            with self._cond:
+                entry.staged = staged
         try:
-            staged.fill(body)
+            try:
+                staged.fill(body, check)
+            finally:
+                with self._cond:  # before the file is closed: readers duplicate it
+                    entry.staged = None
+        except CorruptSegmentError as err:
+            self._count_bytes(staged.size)
+            staged.discard()
+            log.warning("streamed chunk %d of %s failed verification (%s); fetching it again",
+                        begin, seg.key, err.reason)
+            return None, True
         except CacheError:
             staged.discard()
             raise
@@ -623,8 +716,9 @@ class ChunkCache:
             staged.discard()
             log.warning("read-ahead of %s broke at byte %d (%s); reading chunk by chunk",
                         seg.key, begin, err)
-            return None
-        return staged
+            return None, False
+        self._count_bytes(staged.size)
+        return staged, True
 
     def _await_stream(self, seg: SegmentInfo, index: int, reader: ReaderId) -> None:
         """A reader about to miss chunk `index` that its own stream is on the way to waits for
@@ -639,6 +733,9 @@ class ChunkCache:
                         or at is None or not at[2]
                         or index > at[1] + self.settings.chunk_prefetch):
                     return
+                if stream.after is not None and not stream.due:
+                    stream.due = True  # it waits for the segment before: the reader is here
+                    stream.wake.notify()
                 self._cond.wait(deadline - time.monotonic())
 
     def _next_streamed(self, seg: SegmentInfo, index: int, reader: ReaderId,
@@ -654,7 +751,12 @@ class ChunkCache:
                     return None
                 at = self._readers.position(reader)
                 if at is not None and at[0] == stream.after and at[0] != seg.key:
-                    if index == 0:  # the reader finishes the segment before: its next chunk
+                    # the reader finishes the segment before: its next chunk, once that
+                    # segment's own stream is on its last chunk (the reader needs those
+                    # first, and two requests at once share the bandwidth), or at once
+                    # when the reader is already waiting for it
+                    before = self._streams.get((reader, stream.after))
+                    if index == 0 and (stream.due or before is None or before.on_last):
                         self._readers.add_hold(reader, chunk)
                         break
                 elif at is not None and at[0] != seg.key:
@@ -729,14 +831,7 @@ class ChunkCache:
         except BaseException as err:
             if staged is not None:
                 staged.discard()
-            with self._cond:
-                self._counters["download_errors"] += 1
-                if self._entries.get(entry.chunk) is entry:
-                    self._remove(entry)
-                assert entry.download is not None
-                entry.download.set_exception(err)
-                entry.download = None
-                self._cond.notify_all()
+            self._fail(entry, err)
             raise
         with self._cond:
             entry.crcs = crcs
@@ -744,27 +839,43 @@ class ChunkCache:
             entry.last_access = self._clock()
             assert entry.download is not None
             entry.download.set_result(None)
-            entry.download = None
-            self._cond.notify_all()
+            self._done(entry)
         return data
+
+    def _fail(self, entry: CacheEntry, err: BaseException) -> None:
+        """Give up on downloading `entry`: its readers get `err`, its reservation goes."""
+        with self._cond:
+            self._counters["download_errors"] += 1
+            if self._entries.get(entry.chunk) is entry:
+                self._remove(entry)
+            assert entry.download is not None  # noqa: S101 - only while downloading
+            entry.download.set_exception(err)
+            self._done(entry)
+
+    def _done(self, entry: CacheEntry) -> None:
+        """The entry's download is over (its result or error set); under the lock."""
+        entry.download = None
+        if entry.progress is not None:
+            entry.progress.notify_all()
+            entry.progress = None
+        self._cond.notify_all()
 
     def _commit_staged(self, seg: SegmentInfo, staged: StagedChunk, begin: int
                        ) -> tuple[int, ...] | None:
-        """Verify a streamed chunk in place and move it into the cache: its block CRCs; None
-        (the file dropped) when it fails verification, so a ranged GET fetches it again."""
-        self._count_bytes(staged.size)
-        try:
-            with staged.mapped() as view:
-                if seg.verify is not None:
-                    seg.verify(view, begin)  # type: ignore[arg-type]
-                crcs = disk.block_crcs(view)  # type: ignore[arg-type]
-        except CorruptSegmentError as err:
-            log.warning("streamed chunk %d of %s failed verification (%s); fetching it again",
-                        begin, seg.key, err.reason)
-            staged.discard()
-            return None
+        """Move a streamed chunk into the cache: its block CRCs. A chunk that is the whole
+        segment is verified here, in place (its batches were not: the object's CRC-32C needs
+        every byte); None (the file dropped) when it fails, so a ranged GET fetches it again."""
+        if begin == 0 and staged.size == seg.size and seg.verify is not None:
+            try:
+                with staged.mapped() as view:
+                    seg.verify(view, begin)
+            except CorruptSegmentError as err:
+                log.warning("streamed chunk %d of %s failed verification (%s); fetching it "
+                            "again", begin, seg.key, err.reason)
+                staged.discard()
+                return None
         staged.commit()
-        return crcs
+        return staged.crcs
 
     # ------------------------------------------------------------- space and entries
     def _pin(
@@ -784,6 +895,7 @@ class ChunkCache:
                 return found, False, found.download
             entry = CacheEntry(chunk, bounds[1] - bounds[0], self._clock(), None)
             entry.download = Future()
+            entry.progress = threading.Condition(self._lock)
             entry.pins = 1
             self._add_entry(entry)
             self._counters["prefetches" if prefetch else "misses"] += 1

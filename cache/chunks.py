@@ -14,9 +14,16 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from tiered.errors import CorruptSegmentError
-from tiered.kafka.records import iter_batch_headers
+from tiered.kafka.records import Buffer, iter_batch_headers
 
-__all__ = ["batch_positions", "chunk_bounds", "chunks_for_range", "plan_chunks", "verify_batches"]
+__all__ = [
+    "batch_positions",
+    "chunk_bounds",
+    "chunks_for_range",
+    "plan_chunks",
+    "verify_batches",
+    "whole_batches",
+]
 
 
 def plan_chunks(batch_positions: Sequence[int], segment_size: int, chunk_size: int) -> list[int]:
@@ -80,7 +87,7 @@ def chunk_bounds(starts: Sequence[int], index: int, segment_size: int) -> tuple[
     return starts[index], end
 
 
-def verify_batches(data: bytes, position: int, *, path: str | None = None) -> None:
+def verify_batches(data: Buffer, position: int, *, path: str | None = None) -> None:
     """Check that `data`, the bytes of a segment from byte `position`, is a run of whole record
     batches with good CRCs: the `verify` a reader hands to `ChunkCache.open_segment`. Raises
     CorruptSegmentError anchored at the segment position of the bad batch."""
@@ -89,6 +96,16 @@ def verify_batches(data: bytes, position: int, *, path: str | None = None) -> No
             pass
     except CorruptSegmentError as err:
         raise err.at(path=path, base_position=position) from err
+
+
+def whole_batches(data: Buffer) -> int:
+    """Bytes of `data` (segment bytes arriving in pieces, from a batch boundary) that are
+    whole batches; the rest is the start of a batch still coming. Reads headers only (no CRC);
+    CorruptSegmentError when a header cannot start a batch."""
+    end = 0
+    for header in iter_batch_headers(data, verify_crc=False, allow_truncated_tail=True):
+        end = header.end_position
+    return end
 
 
 def batch_positions(data: bytes) -> list[int]:

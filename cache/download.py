@@ -12,23 +12,28 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from cache.errors import ChunkDownloadError
 from tiered.errors import CorruptSegmentError, TieredError
+from tiered.kafka.records import Buffer
 
 __all__ = ["STREAM_PIECE", "ByteStream", "Fetcher", "Streamer", "Verifier", "fetch_verified"]
 
 #: fetch(object key, begin_inclusive, end_exclusive) -> exactly those bytes
 Fetcher = Callable[[str, int, int], bytes]
 class ByteStream(Protocol):
-    """Bytes as they arrive: `read(n)` gives up to `n` (b"" at the end); `close()` ends it."""
+    """Bytes as they arrive: `read(n)` gives up to `n` (b"" at the end), `readinto(b)` puts up
+    to `len(b)` into `b` and says how many (0 at the end); `close()` ends it."""
 
     def read(self, n: int = -1, /) -> bytes: ...
+
+    def readinto(self, b: memoryview, /) -> int: ...
 
     def close(self) -> None: ...
 
 
 #: stream(object key, begin_inclusive, end_exclusive) -> those bytes as one streamed request
 Streamer = Callable[[str, int, int], ByteStream]
-#: verify(chunk bytes, position of its first byte in the segment); raises CorruptSegmentError
-Verifier = Callable[[bytes, int], None]
+#: verify(chunk bytes, position of its first byte in the segment); raises CorruptSegmentError.
+#: A streamed chunk that is not the whole segment is verified a run of whole batches at a time
+Verifier = Callable[[Buffer, int], None]
 
 
 class _BadDownload(Exception):

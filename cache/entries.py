@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from cache.chunks import chunk_bounds
 from cache.download import Verifier
 from cache.eviction import ChunkId
+
+if TYPE_CHECKING:
+    from cache.staging import StagedChunk
 
 __all__ = ["CacheEntry", "SegmentInfo"]
 
@@ -34,9 +39,12 @@ class SegmentInfo:
 
 class CacheEntry:
     """One cached (or downloading) file. `download` is set while the first reader fetches it;
-    others wait on it instead of fetching again."""
+    others wait on it instead of fetching again. While a read-ahead stream writes it, `staged`
+    is its temporary file and `ready` how many bytes from the chunk's start are in it and
+    verified (whole batches): those may be served before the rest arrives."""
 
-    __slots__ = ("chunk", "crcs", "download", "last_access", "pins", "size", "verified")
+    __slots__ = ("chunk", "crcs", "download", "last_access", "pins", "progress", "ready", "size",
+                 "staged", "verified")
 
     def __init__(
         self, chunk: ChunkId, size: int, last_access: float, crcs: tuple[int, ...] | None
@@ -50,3 +58,7 @@ class CacheEntry:
         self.verified = False
         self.pins = 0
         self.download: Future[None] | None = None
+        self.staged: StagedChunk | None = None
+        self.ready = 0
+        #: notified (over the cache's lock) when `ready` moves and when the download ends
+        self.progress: threading.Condition | None = None

@@ -36,6 +36,7 @@ import crc32c
 from cache.chunk_cache import ChunkCache, ChunkFile, ReaderId, SegmentHandle
 from cache.chunks import plan_chunks
 from cache.disk import BLOCK
+from cache.download import Verifier
 from cache.pieces import FilePiece, Pieces
 from manifests import keys
 from manifests.manifest import PartitionManifest
@@ -48,6 +49,7 @@ from tiered.kafka.records import (
     MAGIC_V2,
     MIN_BATCH_LENGTH,
     BatchHeader,
+    Buffer,
     decode_batch,
     iter_batch_headers,
 )
@@ -142,7 +144,7 @@ def take_batches(
     return Span(begin, end, next_offset, True)
 
 
-def check_batches(data: bytes, where: str, base_position: int, low: int, high: int) -> None:
+def check_batches(data: Buffer, where: str, base_position: int, low: int, high: int) -> None:
     """CRC-32C and structure of every batch in `data` (whole batches read from byte
     `base_position` of `where`), offsets within [low, high]; CorruptSegmentError otherwise."""
     try:
@@ -158,12 +160,12 @@ def check_batches(data: bytes, where: str, base_position: int, low: int, high: i
         raise err.at(path=where, base_position=base_position) from None
 
 
-def chunk_verifier(key: str, seg: SegmentMeta) -> Callable[[bytes, int], None]:
+def chunk_verifier(key: str, seg: SegmentMeta) -> Verifier:
     """What the cache runs on every downloaded chunk before it is stored or served: every
     batch's CRC-32C and offsets, plus the object's CRC-32C from the manifest when the chunk is
     the whole segment. Raises CorruptSegmentError naming the key and byte."""
 
-    def verify(data: bytes, begin: int) -> None:
+    def verify(data: Buffer, begin: int) -> None:
         check_batches(data, key, begin, seg.base_offset, seg.last_offset)
         if begin == 0 and len(data) == seg.size_bytes:
             actual = crc32c.crc32c(data)

@@ -1,9 +1,11 @@
 """A chunk written from a read-ahead stream straight into its temporary file.
 
-The bytes go from the socket to the file as they arrive (`os.write` lets other threads run),
-are checked through a read-only map of the file, and only then is it moved into place; a chunk
-that fails is dropped. Copying each 16 MiB chunk into a buffer first would hold the GIL for the
-whole copy, stalling every request the daemon serves meanwhile.
+The bytes go from the socket into one reused buffer (`readinto`: no fresh allocation per
+read), from there to the file (`os.write` lets other threads run), and are checked while they
+are still in the buffer: whole record batches are handed to a check as soon as they are in,
+so a reader can be served the verified start of a chunk that is still arriving
+(docs/remote-read.md, read-ahead). The file's per-block CRC-32Cs are taken on the way. Only
+once every byte is in and checked is the file moved into place; a chunk that fails is dropped.
 """
 
 from __future__ import annotations
@@ -12,14 +14,22 @@ import contextlib
 import errno
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cache.disk import Writer, create_beside
+import crc32c
+
+from cache.chunks import whole_batches
+from cache.disk import BLOCK, Writer, create_beside
 from cache.download import STREAM_PIECE, ByteStream
 from cache.errors import CacheError, CacheFullError
+from tiered.errors import CorruptSegmentError
 
-__all__ = ["StagedChunk"]
+__all__ = ["Check", "StagedChunk"]
+
+#: check(run of whole batches, its offset in the chunk): raises CorruptSegmentError. The view
+#: is valid only during the call
+Check = Callable[[memoryview, int], None]
 
 
 class StagedChunk:
@@ -29,28 +39,98 @@ class StagedChunk:
         self.path = path
         self.size = size
         self._write = write
+        self._crcs: list[int] = []
+        self._block_crc = 0
+        self._block_fill = 0
         try:
             self._tmp, fd = create_beside(path, os.O_RDWR)
         except OSError as err:
             raise _error(path, size, err) from err
         self._fd: int | None = fd
+        try:
+            # for readers, on their own open file: a reader's seek (socket.sendfile seeks
+            # when done) must not move where the next write goes
+            self._read_fd: int | None = os.open(self._tmp, os.O_RDONLY)
+        except OSError as err:
+            self.discard()
+            raise _error(path, size, err) from err
 
-    def fill(self, stream: ByteStream) -> None:
-        """Copy the next `size` bytes of `stream` into the file. EOFError when the stream ends
-        first; the stream's own errors pass through; CacheError / CacheFullError for the disk's."""
+    @property
+    def read_fd(self) -> int:
+        """The temporary file open for reading, until `commit` or `discard`: a reader
+        duplicates it to send what is verified of the chunk so far."""
+        assert self._read_fd is not None  # noqa: S101 - only while staged
+        return self._read_fd
+
+    @property
+    def crcs(self) -> tuple[int, ...]:
+        """CRC-32C of every `BLOCK` bytes written (the last block may be shorter)."""
+        return (*self._crcs, self._block_crc) if self._block_fill else tuple(self._crcs)
+
+    def fill(self, stream: ByteStream, check: Check | None = None) -> None:
+        """Copy the next `size` bytes of `stream` into the file. With `check`, every run of
+        whole batches goes to it as soon as it is in; after a failed check the rest of the
+        chunk is still read, unchecked, so the stream stays at a chunk boundary, and the
+        CorruptSegmentError is raised at the end (as it is when the chunk ends inside a
+        batch). EOFError when the stream ends first; the stream's own errors pass through;
+        CacheError / CacheFullError for the disk's."""
         assert self._fd is not None  # noqa: S101 - filled once, before commit
-        left = self.size
-        while left > 0:
-            piece = stream.read(min(STREAM_PIECE, left))
-            if not piece:
-                raise EOFError(f"the stream ended {left} bytes short of {self.size}")
-            view = memoryview(piece)
+        # room for a piece and the start of a batch left over from the one before
+        buf = bytearray(min(2 * STREAM_PIECE, self.size))
+        view = memoryview(buf)
+        held = 0  # bytes at the start of `buf` not checked yet: the start of a batch
+        checked = written = 0
+        failed: CorruptSegmentError | None = None
+        while written < self.size:
+            if held == len(buf):  # one batch fills the buffer: make room for the rest of it
+                grown = bytearray(held + min(held, self.size - written))
+                grown[:held] = view
+                view.release()
+                buf, view = grown, memoryview(grown)
+            n = stream.readinto(view[held:held + min(len(buf) - held, self.size - written)])
+            if not n:
+                raise EOFError(f"the stream ended {self.size - written} bytes short of "
+                               f"{self.size}")
+            self._put(view[held:held + n])
+            written += n
+            held += n
+            if check is None or failed is not None:
+                held = 0
+                continue
             try:
-                while view:
-                    view = view[self._write(self._fd, view):]
-            except OSError as err:
-                raise _error(self.path, self.size, err) from err
-            left -= len(piece)
+                done = whole_batches(view[:held])
+                if done:
+                    check(view[:done], checked)
+            except CorruptSegmentError as err:
+                failed, held = err, 0
+                continue
+            checked += done
+            view[:held - done] = view[done:held]
+            held -= done
+        view.release()
+        if check is not None and failed is None and checked != self.size:
+            failed = CorruptSegmentError(
+                f"the chunk ends inside a batch: {self.size - checked} bytes left over")
+        if failed is not None:
+            raise failed
+
+    def _put(self, piece: memoryview) -> None:
+        """Write `piece` to the file and add it to the block checksums."""
+        assert self._fd is not None  # noqa: S101
+        left = piece
+        try:
+            while left:
+                left = left[self._write(self._fd, left):]
+        except OSError as err:
+            raise _error(self.path, self.size, err) from err
+        while piece:
+            take = min(BLOCK - self._block_fill, len(piece))
+            self._block_crc = crc32c.crc32c(piece[:take], self._block_crc)
+            self._block_fill += take
+            piece = piece[take:]
+            if self._block_fill == BLOCK:
+                self._crcs.append(self._block_crc)
+                self._block_crc = self._block_fill = 0
 
     @contextlib.contextmanager
     def mapped(self) -> Iterator[memoryview]:
@@ -64,9 +144,7 @@ class StagedChunk:
 
     def commit(self) -> None:
         """Move the file into place: readers see all of it or nothing."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        self._close()
         try:
             os.replace(self._tmp, self.path)
         except OSError as err:
@@ -75,11 +153,15 @@ class StagedChunk:
 
     def discard(self) -> None:
         """Drop the staged file (safe to call more than once)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        self._close()
         with contextlib.suppress(FileNotFoundError):
             self._tmp.unlink()
+
+    def _close(self) -> None:
+        for fd in (self._fd, getattr(self, "_read_fd", None)):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._read_fd = None
 
 
 def _error(path: Path, size: int, err: OSError) -> CacheError:

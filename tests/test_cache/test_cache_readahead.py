@@ -4,7 +4,10 @@ ranged GETs without serving a wrong byte or downloading a chunk twice."""
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,10 @@ from cache_fakes import Fetcher, layout, make_segment, verifier
 from support.waiting import wait_until
 
 from cache.accounting import CacheSettings
-from cache.chunk_cache import ChunkCache
+from cache.chunk_cache import ChunkCache, ChunkFile, SegmentHandle
+from cache.chunks import batch_positions
+from cache.disk import Writer
+from cache.errors import CacheFullError
 
 KEY = "ab12cd34/kafka/orders/0_7/0-1023-1.log"
 CHUNK = 8 * 1024
@@ -29,11 +35,18 @@ class Stream:
     break_at: int | None = None
     #: byte offsets (absolute) flipped in what is handed out
     corrupt: set[int] = field(default_factory=set)
+    #: the stream stops at each of these bytes (absolute) until its event is set
+    holds: dict[int, threading.Event] = field(default_factory=dict)
     closed: bool = False
 
     def read(self, n: int = -1, /) -> bytes:
         if self.break_at is not None and self.pos >= self.break_at:
             raise ConnectionResetError("connection reset by peer")
+        if self.pos in self.holds:
+            self.holds[self.pos].wait()
+        ahead = [at for at in self.holds if at > self.pos]
+        if ahead:
+            n = min(n, min(ahead) - self.pos)
         n = min(n, 1000)  # arrives in pieces, as from a socket
         got = bytearray(self.data[self.pos:min(self.end, self.pos + n)])
         for at in self.corrupt:
@@ -41,6 +54,11 @@ class Stream:
                 got[at - self.pos] ^= 0xFF
         self.pos += len(got)
         return bytes(got)
+
+    def readinto(self, b: memoryview, /) -> int:
+        got = self.read(len(b))
+        b[:len(got)] = got
+        return len(got)
 
     def close(self) -> None:
         self.closed = True
@@ -52,10 +70,16 @@ class Streamer:
     opened: list[Stream] = field(default_factory=list)
     break_at: int | None = None
     corrupt: set[int] = field(default_factory=set)
+    holds: dict[int, threading.Event] = field(default_factory=dict)
+    #: called with the key as each request goes out
+    on_open: Callable[[str], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, key: str, begin: int, end: int) -> Stream:
-        stream = Stream(self.objects[key], begin, end, self.break_at, set(self.corrupt))
+        if self.on_open is not None:
+            self.on_open(key)
+        stream = Stream(self.objects[key], begin, end, self.break_at, set(self.corrupt),
+                        self.holds)
         with self.lock:
             self.opened.append(stream)
         return stream
@@ -67,11 +91,11 @@ def data() -> bytes:
 
 
 def open_cache(tmp_path: Path, data: bytes, prefetch: int = 2, strategy: str = "eager",
-               **kwargs: Any) -> tuple[ChunkCache, Fetcher, Streamer]:
+               write: Writer = os.write, **kwargs: Any) -> tuple[ChunkCache, Fetcher, Streamer]:
     fetch, stream = Fetcher({KEY: data}), Streamer({KEY: data}, **kwargs)
     settings = CacheSettings(size_bytes=1 << 30, chunk_size=CHUNK, chunk_prefetch=prefetch)
     cache = ChunkCache(tmp_path / "cache", settings, fetch, strategy=strategy,
-                       disk_capacity=1 << 40, stream=stream)
+                       disk_capacity=1 << 40, stream=stream, write=write)
     return cache, fetch, stream
 
 
@@ -188,3 +212,146 @@ def test_the_next_segment_s_first_chunk_comes_while_the_reader_finishes_this_one
         assert seg2.read(0, 3000, reader="c") == data2[:3000]
         assert len(fetch.calls) == calls  # the first chunk was there, no GET
         assert stream2.pos >= layout(data2, CHUNK)[1]
+
+
+def read_file(f: ChunkFile) -> bytes:
+    try:
+        return os.pread(f.fd, f.end - f.begin, 0)
+    finally:
+        os.close(f.fd)
+
+
+def read_on(seg: SegmentHandle, data: bytes, at: int, chunk_end: int) -> list[int]:
+    """Open the chunk again and again from `at` (where the last view ended) to its end, as a
+    reader walking its batches does, checking every view's bytes; the views' ends."""
+    ends = []
+    while at < chunk_end:
+        f = seg.open_chunk(at, chunk_end - 1, reader="c")
+        assert f.begin <= at < f.end <= chunk_end
+        assert read_file(f) == data[f.begin:f.end]
+        ends.append(f.end)
+        at = f.end
+    return ends
+
+
+def test_a_reader_is_served_the_verified_start_of_a_chunk_still_arriving(
+        tmp_path: Path, data: bytes) -> None:
+    """A consumer that catches up with its stream waits for the batches it reads, not for the
+    whole chunk; what it gets has passed its checks, however the stream is cut."""
+    starts = layout(data, CHUNK)
+    hold = starts[1] + (starts[2] - starts[1]) // 2  # inside a batch, mid chunk 1
+    cache, fetch, stream = open_cache(tmp_path, data, holds={hold: threading.Event()})
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        first = seg.open_chunk(0, starts[1] - 1, reader="c")
+        assert read_file(first) == data[first.begin:first.end]
+        os.close(seg.open_chunk(100, starts[1] - 1, reader="c").fd)  # sequential: read ahead
+        part = seg.open_chunk(starts[1], starts[2] - 1, reader="c")  # the stream is at `hold`
+        assert part.begin == starts[1] and starts[1] < part.end <= hold
+        assert part.end in batch_positions(data)  # whole batches only
+        assert read_file(part) == data[part.begin:part.end]
+        stream.holds[hold].set()
+        assert read_on(seg, data, part.end, starts[2])[-1] == starts[2]
+        assert fetch.calls == [] and len(stream.opened) == 1
+
+
+def test_a_reader_is_never_served_past_a_corrupt_batch_of_a_chunk_arriving(
+        tmp_path: Path, data: bytes) -> None:
+    starts = layout(data, CHUNK)
+    positions = batch_positions(data)
+    bad = next(p for p in positions if p > starts[1] + 2000)  # a batch in chunk 1
+    hold = next(p for p in positions if p > bad) + 100  # past it, inside the next one
+    cache, fetch, stream = open_cache(tmp_path, data, holds={hold: threading.Event()},
+                                      corrupt={bad + 70})
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        os.close(seg.open_chunk(0, starts[1] - 1, reader="c").fd)
+        os.close(seg.open_chunk(100, starts[1] - 1, reader="c").fd)  # sequential: read ahead
+        part = seg.open_chunk(starts[1], starts[2] - 1, reader="c")
+        assert part.end <= bad
+        assert read_file(part) == data[part.begin:part.end]
+        stream.holds[hold].set()
+        ends = read_on(seg, data, part.end, starts[2])
+        assert all(end <= bad for end in ends[:-1])  # a view of the chunk still arriving
+        assert [c[1] for c in fetch.calls] == [starts[1]]  # then fetched again, whole
+
+
+@pytest.mark.timeout(60)
+def test_a_full_disk_under_a_stream_fails_its_readers_instead_of_leaving_them_waiting(
+        tmp_path: Path, data: bytes) -> None:
+    room = {"bytes": CHUNK + CHUNK // 2}  # the first chunk fits, the second does not
+
+    def write(fd: int, view: memoryview) -> int:
+        if room["bytes"] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = min(room["bytes"], len(view))
+        room["bytes"] -= n
+        return os.write(fd, view[:n])
+
+    cache, _fetch, _stream = open_cache(tmp_path, data, write=write)
+    starts = layout(data, CHUNK)
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        assert seg.read(0, 100, reader="c") == data[:100]
+        with pytest.raises(CacheFullError, match="disk is full"):
+            for begin in range(100, starts[3], 2000):
+                seg.read(begin, min(begin + 2000, starts[3]), reader="c")
+        room["bytes"] = 1 << 30
+        assert seg.read(starts[1], starts[1] + 100, reader="c") == data[starts[1]:starts[1] + 100]
+
+
+def test_the_next_segment_s_request_waits_for_this_segment_s_chunks(
+        tmp_path: Path, data: bytes) -> None:
+    """The next segment's first chunk is read ahead once this segment's stream is storing its
+    last chunk, not sooner: the reader needs this segment's chunks first, and two requests at
+    once would share the store's bandwidth."""
+    key2 = KEY.replace("0-1023", "1024-2047")
+    data2 = make_segment(batches=256, base_offset=1024)
+    starts = layout(data, CHUNK)
+    hold = starts[-2] + 500  # inside the chunk before the last
+    cache, fetch, stream = open_cache(tmp_path, data, holds={hold: threading.Event()})
+    stream.objects[key2] = data2
+    opened: list[tuple[str, int]] = []
+    stream.on_open = lambda key: opened.append((key, cache.stats()["hydrated_chunks"]))
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg2 = cache.open_segment(key2, len(data2), layout(data2, CHUNK), verifier(key2))
+        at = starts[-3]
+        seg.read(at, at + 100, reader="c")  # a miss: the stream starts here
+        seg.read(at + 100, at + 200, reader="c")  # sequential: it goes on, and stops at `hold`
+        assert seg2.read_ahead("c", after=KEY)
+        stream.holds[hold].set()
+        wait_until(lambda: len(opened) == 2, "the next segment's request")
+        # chunks -3 and -2 were stored before the next segment's request went out
+        assert opened[0][0] == KEY and opened[1] == (key2, opened[1][1])
+        assert opened[1][1] >= 2
+        seg.read(at + 200, len(data), reader="c")
+        assert seg2.read(0, 3000, reader="c") == data2[:3000]
+        assert fetch.calls == []
+
+
+def test_a_reader_waiting_for_its_stream_to_start_a_chunk_joins_it_at_once(
+        tmp_path: Path, data: bytes) -> None:
+    """A reader that reaches a chunk before its stream has started it waits for the stream,
+    and is served that chunk's first verified batches as soon as they are in, not the whole
+    chunk later."""
+    starts = layout(data, CHUNK)
+    end_of_0 = starts[1] - 100  # the stream stops just before chunk 0 is whole
+    inside_1 = starts[1] + (starts[2] - starts[1]) // 2  # and again in the middle of chunk 1
+    holds = {end_of_0: threading.Event(), inside_1: threading.Event()}
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=1, holds=holds)
+    got: list[ChunkFile] = []
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        os.close(seg.open_chunk(0, starts[1] - 1, reader="c").fd)
+        os.close(seg.open_chunk(100, starts[1] - 1, reader="c").fd)  # sequential
+        waiter = threading.Thread(
+            target=lambda: got.append(seg.open_chunk(starts[1], starts[2] - 1, reader="c")))
+        waiter.start()  # chunk 1 is not started: the reader waits for its stream
+        holds[end_of_0].set()
+        wait_until(lambda: bool(got), "chunk 1's verified start, the stream held inside it")
+        assert starts[1] < got[0].end <= inside_1
+        assert read_file(got[0]) == data[starts[1]:got[0].end]
+        holds[inside_1].set()
+        waiter.join()
+        assert fetch.calls == []

@@ -64,8 +64,10 @@ def test_remote_read_http_benchmark_reports_every_figure() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["benchmark"] == "remote_read http"
-    for name in ("cold", "warm", "active_segment", "sequential", "concurrent"):
+    for name in ("cold", "warm", "active_segment", "sequential", "sequential_catch_up",
+                 "concurrent"):
         assert report[name]["ratio"] is not None and report[name]["ratio"] > 0, name
     assert len(report["sequential"]["runs"]) == 3
+    assert report["sequential_catch_up"]["segments"] == 3
     assert report["concurrent"]["consumers"] == 8
     assert report["active_segment"]["big_active_bytes"] == 4 * 1024 * 1024

@@ -76,6 +76,25 @@ def test_ranged_get(store: ObjectStore) -> None:
         store.get("r", (-1, 2))
 
 
+def test_open_range_streams_the_range_by_read_or_readinto(store: ObjectStore) -> None:
+    data = os.urandom(300_000)
+    store.put("s", data)
+    for begin, end in ((0, len(data)), (1000, 250_000)):
+        body = store.open_range("s", begin, end)
+        got = bytearray()
+        while piece := body.read(70_000):
+            got += piece
+        body.close()
+        assert got == data[begin:end]
+        body = store.open_range("s", begin, end)
+        buf = memoryview(bytearray(70_000))
+        got = bytearray()
+        while n := body.readinto(buf):
+            got += buf[:n]
+        body.close()
+        assert got == data[begin:end]
+
+
 def test_get_returns_the_etag_of_the_version_it_read(store: ObjectStore) -> None:
     first = store.put("v", b"first version")
     got = store.get("v")

@@ -110,9 +110,12 @@ def file_window(path: Path | str, size: int, byte_range: tuple[int, int] | None,
 
 class RangeStream(Protocol):
     """What `ObjectStore.open_range` returns: `read(n)` gives up to `n` bytes (b"" at the
-    end), `close()` lets the connection go."""
+    end), `readinto(b)` puts up to `len(b)` bytes into `b` and says how many (0 at the end),
+    `close()` lets the connection go. A reader uses one of the two, not both."""
 
     def read(self, n: int = -1, /) -> bytes: ...
+
+    def readinto(self, b: memoryview, /) -> int: ...
 
     def close(self) -> None: ...
 
@@ -128,6 +131,11 @@ class CountedStream:
         data = self._body.read(n)
         self._on_bytes(len(data))
         return data
+
+    def readinto(self, b: memoryview, /) -> int:
+        n = self._body.readinto(b)
+        self._on_bytes(n)
+        return n
 
     def close(self) -> None:
         self._body.close()

@@ -123,6 +123,11 @@ class _FileRange:
         self._pos += len(data)
         return data
 
+    def readinto(self, b: memoryview, /) -> int:
+        n = os.preadv(self._f.fileno(), [b[:self._end - self._pos]], self._pos)
+        self._pos += n
+        return n
+
     def close(self) -> None:
         self._f.close()
 

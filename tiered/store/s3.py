@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import builtins
 import functools
+import http.client
 import logging
 import os
 import time
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.response
 import crc32c
 
 from tiered.errors import ConfigError
@@ -428,9 +430,8 @@ class S3Store(ObjectStore):
         # object in memory (moto) stream an unranged one at once
 
         def fetch() -> RangeStream:
-            # the body is read by the caller as it arrives; StreamingBody checks the length
-            body: RangeStream = self._client.get_object(**kwargs)["Body"]
-            return body
+            # read by the caller as it arrives; a body that ends short raises (see the class)
+            return _StreamedBody(self._client.get_object(**kwargs)["Body"])
 
         stats = self.stats
         return CountedStream(self._call("get", key, fetch),
@@ -551,6 +552,49 @@ class _S3Multipart:
         except StoreError as exc:
             # the bucket's lifecycle rule for incomplete uploads is the backstop
             log.warning("could not abort multipart upload of %s: %s", s._where(self.key), exc)
+
+
+class _StreamedBody:
+    """A streamed GET's body (`RangeStream`). `readinto` takes the bytes from the HTTP response
+    under botocore's body straight into the caller's buffer: botocore's `read` goes through
+    urllib3 and http.client, which allocate and zero a buffer and copy it once more on every
+    read, about as much CPU again as receiving the bytes (the read cache's read-ahead receives
+    whole segments this way). Only a plain body is read so (a known length, no content
+    encoding, no checksum botocore is checking: that one is left to botocore); otherwise, and
+    for `read`, botocore's own path. A body that ends short raises, as botocore's does."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+        self._raw: http.client.HTTPResponse | None = None
+        self._size = self._left = 0
+        raw = getattr(body, "_raw_stream", None)
+        response = getattr(raw, "_fp", None)
+        # exactly StreamingBody: its subclass StreamingChecksumBody checks a checksum on read
+        if (type(body) is botocore.response.StreamingBody and raw is not None
+                and isinstance(response, http.client.HTTPResponse)
+                and not response.chunked and response.length is not None
+                and raw.headers.get("content-encoding", "identity") == "identity"):
+            self._raw, self._size = response, response.length
+            self._left = self._size
+
+    def read(self, n: int = -1, /) -> bytes:
+        data: bytes = self._body.read(None if n < 0 else n)
+        return data
+
+    def readinto(self, b: memoryview, /) -> int:
+        if self._raw is None:
+            data = self.read(len(b))
+            b[:len(data)] = data
+            return len(data)
+        n = self._raw.readinto(b[:self._left]) if self._left else 0
+        if not n and self._left and len(b):
+            raise botocore.exceptions.IncompleteReadError(
+                actual_bytes=self._size - self._left, expected_bytes=self._size)
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        self._body.close()
 
 
 def _crc32c_b64(body: bytes | FileRange) -> str:

@@ -1,0 +1,73 @@
+"""S3's streamed GET body (`S3Store.open_range`): `readinto` takes the bytes straight from the
+HTTP response, counts them, and a body that ends short is an error, never a quiet end."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import botocore.exceptions
+import pytest
+from conftest import no_sleep, s3_settings
+
+from tiered.store import S3Store
+
+
+def test_readinto_brings_the_range_and_counts_it(s3_store: S3Store) -> None:
+    data = os.urandom(1_500_000)
+    s3_store.put("seg/s.log", data)
+    before = s3_store.stats.snapshot()["bytes_read"]
+    body = s3_store.open_range("seg/s.log", 0, len(data))
+    buf = memoryview(bytearray(1 << 20))
+    got = bytearray()
+    while n := body.readinto(buf[:300_000]):
+        got += buf[:n]
+    body.close()
+    assert got == data
+    assert s3_store.stats.snapshot()["bytes_read"] - before == len(data)
+
+
+class _ShortBody(BaseHTTPRequestHandler):
+    """Answers every GET with a Content-Length of 1000 and hangs up after 400 bytes."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.write(b"x" * 400)
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def short_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ShortBody)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_body_that_ends_short_raises(short_server: str) -> None:
+    store = S3Store(s3_settings(short_server, "short-bucket"), sleep=no_sleep)
+    try:
+        body = store.open_range("seg/s.log", 0, 1000)
+        buf = memoryview(bytearray(4096))
+        got = 0
+        with pytest.raises(botocore.exceptions.IncompleteReadError):
+            while n := body.readinto(buf):
+                got += n
+        assert got == 400
+        body.close()
+    finally:
+        store.close()

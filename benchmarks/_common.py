@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -366,3 +366,126 @@ def emit(report: dict[str, Any]) -> None:
 
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+#: clock ticks per second of /proc/PID/stat's CPU times
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def daemon_config(*, bucket: str, endpoint: str, log_dir: Path, cache_dir: Path,
+                  cluster: str, sections: str = "") -> str:
+    """A `tiered run` configuration over moto for the read benchmarks: `cluster` holds the
+    [cluster] lines, `sections` any other sections (e.g. [kafka])."""
+    return (f"""[storage]
+url = "s3://{bucket}"
+endpoint_url = "{endpoint}"
+region = "us-east-1"
+access_key = "testing"
+secret_key = "testing"
+
+[log]
+dirs = ["{log_dir}"]
+retention = "advise"
+
+[cache]
+dir = "{cache_dir}"
+""" + (f"\n{sections.strip()}\n" if sections else "")
+            + f"\n[cluster]\nstorage_min_free_bytes = 0\n{cluster.strip()}\n")
+
+
+class DaemonProcess:
+    """`tiered run` as a child process: its metrics/HTTP port, its CPU time, its log. Started
+    on construction; `ready` (called until it holds, for 60 s) says it is serving."""
+
+    def __init__(self, config: Path, log_path: Path,
+                 ready: Callable[[DaemonProcess], bool] | None = None) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from tiered.cli.main import main; main()", "run",
+             "--config", str(config), "--metrics-port", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env())
+        check = ready or DaemonProcess.healthy
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"tiered run exited at start:\n{self.tail()}")
+            try:
+                if check(self):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise SystemExit(f"tiered run did not get ready in 60 s:\n{self.tail()}")
+
+    def healthy(self) -> bool:
+        """Whether /health answers (any status)."""
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+        try:
+            conn.request("GET", "/health")
+            conn.getresponse().read()
+        finally:
+            conn.close()
+        return True
+
+    def tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-2000:]
+
+    def settle(self, timeout_s: float = 60.0) -> float:
+        """Wait until the daemon's start-up work (probe, first archiver passes, manifest loads)
+        is over: under 5% of a core for a second. Returns the seconds waited."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            before = self.cpu_s()
+            time.sleep(1.0)
+            if self.cpu_s() - before < 0.05:
+                break
+        return round(time.monotonic() - start, 1)
+
+    def metric(self, name: str) -> float:
+        """One unlabelled sample of the daemon's /metrics (0 when absent)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
+                                    timeout=30) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return 0.0
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def archive_everything(config: Any) -> list[tuple[str, int]]:
+    """Upload every closed segment of `config`'s log dirs with the real archiver (rounds until
+    one uploads nothing); the (key, size) of every segment object in the bucket afterwards."""
+    from archiver.service import Archiver
+    from archiver.space import DiskInfo
+    from tiered.store import S3Store
+
+    store = S3Store(config.store_settings())
+    archiver = Archiver(config, store, disk_usage=lambda _p: DiskInfo(1 << 40, 1 << 39))
+    try:
+        while True:  # a round takes a bounded number of segments per partition
+            report = archiver.upload_round()
+            if not report.ok:
+                raise SystemExit(f"archiving failed: {report.errors}")
+            if not any(r.uploaded_segments for r in report.partitions):
+                break
+        return sorted((i.key, i.size) for i in store.list("") if i.key.endswith(".log"))
+    finally:
+        archiver.close()
+        store.close()

@@ -23,36 +23,44 @@ The headline is confluent_cold / boto3 (goal >= 0.5).
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
+import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 import tomllib
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import MB, MIB, SHM, MotoServer, emit, fake_aws_env, free_port, progress, versions
+from _common import (
+    MB,
+    MIB,
+    SHM,
+    DaemonProcess,
+    MotoServer,
+    archive_everything,
+    daemon_config,
+    emit,
+    free_port,
+    progress,
+    versions,
+)
 
-from archiver.service import Archiver
-from archiver.space import DiskInfo
 from tiered.config import parse_config
 from tiered.kafka.builder import encode_batch
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.log_writer import LogWriter, write_high_watermarks
 from tiered.kafka.records import Record, iter_batches
-from tiered.store import S3Store
 
 TOPIC = "bench"
 BUCKET = "kafka-read"
 RECORDS_PER_BATCH = 16
 RECORD_BYTES = 4096
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _template(seed: int) -> tuple[bytearray, list[bytes]]:
@@ -87,95 +95,29 @@ def write_log(log_dir: Path, size: int, segment: int) -> tuple[list[Path], int]:
 
 def config_text(work: Path, endpoint: str, port: int, prefetch: int, chunk: int,
                 cache_dir: Path) -> str:
-    return textwrap.dedent(f"""\
-        [storage]
-        url = "s3://{BUCKET}"
-        endpoint_url = "{endpoint}"
-        region = "us-east-1"
-        access_key = "testing"
-        secret_key = "testing"
-
-        [log]
-        dirs = ["{work / 'logs'}"]
-        retention = "advise"
-
-        [cache]
-        dir = "{cache_dir}"
-
-        [kafka]
-        listen = "127.0.0.1:{port}"
-
-        [cluster]
-        storage_min_free_bytes = 0
-        cloud_storage_cache_size = {64 * 1024 * MIB}
-        cloud_storage_chunk_prefetch = {prefetch}
-        cloud_storage_cache_chunk_size = {chunk}
-        # keep every chunk a reader passed until the cache needs room (the default, eager,
-        # lets a chunk go once its reader moved on): the second run then reads a warm cache
-        cloud_storage_chunk_eviction_strategy = "capped"
-        cloud_storage_hydrated_chunks_per_segment_ratio = 1.0
-        cloud_storage_segment_max_upload_interval_sec = 86400
-        log_retention_ms = -1
-        """)
+    return daemon_config(
+        bucket=BUCKET, endpoint=endpoint, log_dir=work / "logs", cache_dir=cache_dir,
+        sections=f'[kafka]\nlisten = "127.0.0.1:{port}"', cluster=textwrap.dedent(f"""\
+            cloud_storage_cache_size = {64 * 1024 * MIB}
+            cloud_storage_chunk_prefetch = {prefetch}
+            cloud_storage_cache_chunk_size = {chunk}
+            # keep every chunk a reader passed until the cache needs room (the default, eager,
+            # lets a chunk go once its reader moved on): the second run then reads a warm cache
+            cloud_storage_chunk_eviction_strategy = "capped"
+            cloud_storage_hydrated_chunks_per_segment_ratio = 1.0
+            cloud_storage_segment_max_upload_interval_sec = 86400
+            log_retention_ms = -1
+            """))
 
 
-class Daemon:
-    """`tiered run` as a child process and its CPU time."""
+def kafka_listening(port: int) -> Callable[[DaemonProcess], bool]:
+    """A `DaemonProcess` readiness check: the Kafka endpoint accepts connections."""
 
-    def __init__(self, config: Path, log_path: Path, kafka_port: int) -> None:
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.metrics_port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from tiered.cli.main import main; main()", "run",
-             "--config", str(config), "--metrics-port", str(self.metrics_port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env())
-        import socket
+    def ready(_: DaemonProcess) -> bool:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
 
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"tiered run exited at start:\n"
-                                 f"{log_path.read_text(errors='replace')[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", kafka_port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise SystemExit("tiered run did not listen in 60 s")
-
-    def settle(self, timeout_s: float = 60.0) -> None:
-        """Wait until start-up work (probe, first archiver passes) is over: under 5% of a
-        core for a second."""
-        start = time.monotonic()
-        while time.monotonic() - start < timeout_s:
-            before = self.cpu_s()
-            time.sleep(1.0)
-            if self.cpu_s() - before < 0.05:
-                return
-
-    def metric(self, name: str) -> float:
-        """One unlabelled sample of the daemon's /metrics."""
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                    timeout=30) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        return 0.0
-
-    def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+    return ready
 
 
 def confluent_read(port: int, end: int, fetch_bytes: int | None
@@ -204,8 +146,10 @@ def confluent_read(port: int, end: int, fetch_bytes: int | None
                 raise SystemExit(f"consumer error: {m.error()}")
             if first is None:
                 first = time.perf_counter()
-            values.append(m.value())
-            last = m.offset()
+            value, offset = m.value(), m.offset()
+            assert value is not None and offset is not None  # data messages, not errors
+            values.append(value)
+            last = offset
     took = time.perf_counter() - start
     consumer.close()
     return len(values), took, values, (first or start) - start
@@ -279,21 +223,7 @@ def run(argv: list[str]) -> dict[str, Any]:
             config = parse_config(tomllib.loads((work / "tiered.toml").read_text()),
                                   source="benchmark", base_dir=work)
             progress("archiving it")
-            store = S3Store(config.store_settings())
-            archiver = Archiver(config, store,
-                                disk_usage=lambda _p: DiskInfo(1 << 40, 1 << 39))
-            try:
-                while True:
-                    rep = archiver.upload_round()
-                    if not rep.ok:
-                        raise SystemExit(f"archiving failed: {rep.errors}")
-                    if not any(r.uploaded_segments for r in rep.partitions):
-                        break
-            finally:
-                archiver.close()
-            segment_keys = sorted((i.key, i.size) for i in store.list("")
-                                  if i.key.endswith(".log"))
-            store.close()
+            segment_keys = archive_everything(config)
             archived_end = max(h.next_offset for h in iter_batches(closed[-1].read_bytes()))
             archived_bytes = sum(size for _key, size in segment_keys)
             for path in closed:  # local retention: only the bucket holds them now
@@ -343,7 +273,8 @@ def one_round(i: int, args: argparse.Namespace, work: Path, moto: MotoServer, ka
     out["boto3"] = {"mb_per_s": round(got / boto3_s / MB, 1), "seconds": round(boto3_s, 2)}
     shutil.rmtree(cache_dir, ignore_errors=True)  # every round starts cold
     cache_dir.mkdir()
-    daemon = Daemon(work / "tiered.toml", work / f"daemon-{i}.log", kafka_port)
+    daemon = DaemonProcess(work / "tiered.toml", work / f"daemon-{i}.log",
+                           kafka_listening(kafka_port))
     try:
         daemon.settle()
         for name in ("confluent_cold", "confluent_warm"):

@@ -64,16 +64,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import MB, MIB, SHM, MotoServer, fake_aws_env, free_port, progress, versions
+from _common import (
+    MB,
+    MIB,
+    SHM,
+    DaemonProcess,
+    MotoServer,
+    archive_everything,
+    daemon_config,
+    free_port,
+    progress,
+    versions,
+)
 
-from archiver.service import Archiver
-from archiver.space import DiskInfo
 from tiered.config import parse_config
 from tiered.kafka.builder import encode_batch
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.log_writer import LogWriter, write_high_watermarks
 from tiered.kafka.records import Record
-from tiered.store import S3Store
 
 TOPIC = "bench"
 BUCKET = "remote-read-http"
@@ -87,7 +95,6 @@ SEQUENTIAL_RUNS = 3
 #: segments the catching-up consumer reads in one session
 CATCH_UP = 3
 CONSUMERS = 8
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _template() -> bytearray:
@@ -126,83 +133,16 @@ def write_partition(log_dir: Path, partition: int, closed: list[int], active: in
 
 
 def config_text(work: Path, endpoint: str, prefetch: int, chunk: int, cache_dir: Path) -> str:
-    return textwrap.dedent(f"""\
-        [storage]
-        url = "s3://{BUCKET}"
-        endpoint_url = "{endpoint}"
-        region = "us-east-1"
-        access_key = "testing"
-        secret_key = "testing"
-
-        [log]
-        dirs = ["{work / 'logs'}"]
-        retention = "advise"
-
-        [cache]
-        dir = "{cache_dir}"
-
-        [cluster]
-        storage_min_free_bytes = 0
-        cloud_storage_cache_size = {64 * 1024 * MIB}
-        cloud_storage_cache_chunk_size = {chunk}
-        cloud_storage_chunk_prefetch = {prefetch}
-        cloud_storage_chunk_eviction_strategy = "eager"
-        cloud_storage_segment_max_upload_interval_sec = 86400
-        log_retention_ms = -1
-        """)
-
-
-class Daemon:
-    """`tiered run` as a child process, its HTTP port and its CPU time."""
-
-    def __init__(self, config: Path, log_path: Path) -> None:
-        self.port = free_port()
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("tiered")), "run", "--config", str(config),
-             "--metrics-port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env())
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"tiered run exited at start:\n{self.tail(log_path)}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                conn.request("GET", "/health")
-                conn.getresponse().read()
-                conn.close()
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise SystemExit("tiered run did not answer in 60 s")
-
-    @staticmethod
-    def tail(log_path: Path) -> str:
-        return log_path.read_text(errors="replace")[-2000:]
-
-    def settle(self, timeout_s: float = 60.0) -> float:
-        """Wait until the daemon's start-up work (probe, first archiver passes, manifest loads)
-        is over: under 5% of a core for a second. Returns the seconds waited."""
-        start = time.monotonic()
-        while time.monotonic() - start < timeout_s:
-            before = self.cpu_s()
-            time.sleep(1.0)
-            if self.cpu_s() - before < 0.05:
-                break
-        return round(time.monotonic() - start, 1)
-
-    def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+    return daemon_config(
+        bucket=BUCKET, endpoint=endpoint, log_dir=work / "logs", cache_dir=cache_dir,
+        cluster=textwrap.dedent(f"""\
+            cloud_storage_cache_size = {64 * 1024 * MIB}
+            cloud_storage_cache_chunk_size = {chunk}
+            cloud_storage_chunk_prefetch = {prefetch}
+            cloud_storage_chunk_eviction_strategy = "eager"
+            cloud_storage_segment_max_upload_interval_sec = 86400
+            log_retention_ms = -1
+            """))
 
 
 class Consumer:
@@ -397,19 +337,7 @@ class Run:
         config = parse_config(
             __import__("tomllib").loads((self.work / "tiered.toml").read_text()),
             source="benchmark", base_dir=self.work)
-        store = S3Store(config.store_settings())
-        archiver = Archiver(config, store, disk_usage=lambda _p: DiskInfo(1 << 40, 1 << 39))
-        try:
-            while True:  # a round takes a bounded number of segments
-                report = archiver.upload_round()
-                if not report.ok:
-                    raise SystemExit(f"archiving failed: {report.errors}")
-                if not any(r.uploaded_segments for r in report.partitions):
-                    break
-        finally:
-            archiver.close()
-        keys = sorted(i.key for i in store.list("") if i.key.endswith(".log"))
-        store.close()
+        keys = [key for key, _size in archive_everything(config)]
         truth = self.work / "truth"
         truth.mkdir()
         for partition, paths in ((0, p0), (1, p1), (2, p2)):
@@ -529,7 +457,7 @@ def run_http(argv: list[str]) -> dict[str, Any]:
             moto.create_bucket(BUCKET)
             run = Run(args, work, moto)
             run.prepare()
-            daemon = Daemon(work / "tiered.toml", work / "daemon.log")
+            daemon = DaemonProcess(work / "tiered.toml", work / "daemon.log")
             progress(f"daemon settled after {daemon.settle()} s")
             try:
                 report.update(measure(run, daemon, args))
@@ -545,7 +473,7 @@ def run_http(argv: list[str]) -> dict[str, Any]:
     return report
 
 
-def measure(run: Run, daemon: Daemon, args: argparse.Namespace) -> dict[str, Any]:
+def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     rng = random.Random(args.seed)
     roles = plan_roles(len(run.segments))

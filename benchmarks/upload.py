@@ -57,6 +57,7 @@ from _common import (
     MotoServer,
     Stopwatch,
     bucket_contents,
+    daemon_config,
     emit,
     fake_aws_env,
     mb_per_s,
@@ -110,25 +111,9 @@ def write_config(workdir: Path, log_dir: Path, endpoint: str, bucket: str,
         f"cloud_storage_upload_ctrl_min_shares = {shares}\n"
         f"cloud_storage_upload_ctrl_max_shares = {shares}\n"
     )
-    path.write_text(
-        f"""[storage]
-url = "s3://{bucket}"
-endpoint_url = "{endpoint}"
-region = "us-east-1"
-access_key = "testing"
-secret_key = "testing"
-
-[log]
-dirs = ["{log_dir}"]
-retention = "advise"
-
-[cache]
-dir = "{workdir / "cache"}"
-
-[cluster]
-{pinned}""",
-        encoding="utf-8",
-    )
+    path.write_text(daemon_config(bucket=bucket, endpoint=endpoint, log_dir=log_dir,
+                                  cache_dir=workdir / "cache", cluster=pinned),
+                    encoding="utf-8")
     return path
 
 

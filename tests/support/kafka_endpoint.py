@@ -4,7 +4,6 @@ thread, kcat installed from Debian's packages when missing, and a raw protocol c
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import random
@@ -13,9 +12,8 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from support.remote import LogImage, archive
-from tiered.app.daemon import Daemon, DaemonOptions
+from tiered.app.daemon import Daemon
 from tiered.config import Config, parse_config
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.local_log import LocalLog
@@ -264,29 +262,6 @@ def kafka_config(base: Path, storage: Mapping[str, Any], *, dirs: list[Path] | N
                   "group_min_session_timeout_ms": 1000, **(kafka or {})},
     }
     return parse_config(data, source="test", base_dir=base)
-
-
-@contextlib.contextmanager
-def running(config: Config) -> Iterator[Daemon]:
-    """The real daemon on a thread; `daemon.kafka.port` is its Kafka port."""
-    daemon = Daemon(config, DaemonOptions(metrics_port=0))
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            daemon.run()
-        except BaseException as exc:  # handed to the test below
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="daemon")
-    thread.start()
-    try:
-        yield daemon
-    finally:
-        daemon.request_stop("test over")
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "the daemon did not stop"
-    assert not failure, failure
 
 
 def bootstrap(daemon: Daemon) -> str:

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.kafka_endpoint import History, build_history, ensure_kcat, running
+from support.daemons import running
+from support.kafka_endpoint import History, build_history, ensure_kcat
 from tiered.app.daemon import Daemon
 
 

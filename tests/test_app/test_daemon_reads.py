@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.daemons import running
 
 from archiver.service import Archiver
 from cache.reader import Reader
@@ -111,29 +111,6 @@ def config(template: Template, tmp_path: Path) -> Config:
 
 
 # --- running the daemon -----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def running(config: Config, **kw: Any) -> Iterator[Daemon]:
-    """The real daemon (real archiver, store, reader and HTTP) on a thread, stopped after."""
-    daemon = Daemon(config, DaemonOptions(metrics_port=0), **kw)
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            daemon.run()
-        except BaseException as exc:  # handed to the test below
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="daemon")
-    thread.start()
-    try:
-        yield daemon
-    finally:
-        daemon.request_stop("test over")
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "the daemon did not stop"
-    assert not failure, failure
 
 
 def get(url: str) -> tuple[int, dict[str, str], bytes]:

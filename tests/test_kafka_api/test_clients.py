@@ -16,6 +16,7 @@ import confluent_kafka
 import kafka
 import pytest
 from kafka.structs import OffsetAndMetadata
+from support.daemons import running
 from support.kafka_endpoint import (
     KCAT_FORMAT,
     TOPIC,
@@ -23,7 +24,6 @@ from support.kafka_endpoint import (
     Rec,
     bootstrap,
     kcat_records,
-    running,
 )
 
 from manifests import keys

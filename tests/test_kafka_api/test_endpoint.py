@@ -19,6 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from support.daemons import running
 from support.kafka_endpoint import (
     KCAT_FORMAT,
     TOPIC,
@@ -29,7 +30,6 @@ from support.kafka_endpoint import (
     bootstrap,
     kafka_config,
     kcat_records,
-    running,
 )
 
 from tiered.app.daemon import Daemon, DaemonOptions

@@ -289,6 +289,17 @@ _FETCH_SOURCES: dict[str, tuple[str, str]] = {
 }
 
 
+def _read_stats(stats: Callable[[], Mapping[str, Any] | None], whose: str
+                ) -> Mapping[str, Any] | None:
+    """`stats()`, or None when there are none or they fail (logged): a scrape must never fail
+    because one part of the daemon could not say what it did."""
+    try:
+        return stats()
+    except Exception:
+        log.exception("could not read %s statistics", whose)
+        return None
+
+
 class ReaderCollector(Collector):
     """Reads `Reader.stats` at every scrape. `stats()` returning None (no reader yet) exports
     nothing; a failing one is logged and exports nothing, since a scrape must never fail
@@ -298,11 +309,7 @@ class ReaderCollector(Collector):
         self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            stats = self._stats()
-        except Exception:
-            log.exception("could not read the reader's statistics")
-            return
+        stats = _read_stats(self._stats, "the reader's")
         if stats is None:
             return
         fetches = _family("counter", "fetches", "Fetches served, by where the first bytes came "
@@ -346,11 +353,7 @@ class KafkaCollector(Collector):
         self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        try:
-            stats = self._stats()
-        except Exception:
-            log.exception("could not read the Kafka endpoint's statistics")
-            return
+        stats = _read_stats(self._stats, "the Kafka endpoint's")
         if stats is None:
             return
         yield from _scalars(KAFKA_METRICS, stats)

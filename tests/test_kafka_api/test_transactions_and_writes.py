@@ -141,6 +141,8 @@ def test_confluent_produce_gets_the_read_only_error(daemon: Daemon) -> None:
     assert error.code() == confluent_kafka.KafkaError.POLICY_VIOLATION
     # librdkafka keeps the connection: the same producer still reads metadata
     assert set(producer.list_topics(TOPIC, timeout=30).topics[TOPIC].partitions) == {0, 1}
+    producer.flush(1)
+    del producer  # destroyed now, not at some later collection after the daemon has stopped
 
 
 def test_admin_writes_get_the_read_only_error(daemon: Daemon) -> None:

@@ -5,6 +5,7 @@ saying it is read-only, without dropping the connection."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import time
 from collections.abc import Callable
@@ -135,7 +136,7 @@ def test_confluent_produce_gets_the_read_only_error(daemon: Daemon) -> None:
     reports: list[confluent_kafka.KafkaError | None] = []
     producer.produce(TOPIC, b"not welcome", partition=0,
                      on_delivery=lambda err, _msg: reports.append(err))
-    _until(lambda: bool(reports), lambda: producer.poll(0.5))
+    _until(lambda: bool(reports), functools.partial(producer.poll, 0.5))
     error = reports[0]
     assert error is not None
     assert error.code() == confluent_kafka.KafkaError.POLICY_VIOLATION

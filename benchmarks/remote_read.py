@@ -87,12 +87,13 @@ class CountingStore(ObjectStore):
             self.metadata_bytes += len(data)
         return data
 
-    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
+    def open_range(self, key: str, begin: int, end: int, *, to_end: bool = False
+                   ) -> RangeStream:
         self.requests += 1
         def count(n: int) -> None:
             self.segment_bytes += n
 
-        return CountedStream(self.inner.open_range(key, begin, end), count)
+        return CountedStream(self.inner.open_range(key, begin, end, to_end=to_end), count)
 
     def head(self, key: str) -> ObjectInfo:
         self.requests += 1

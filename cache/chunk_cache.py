@@ -203,6 +203,8 @@ class ChunkCache:
             self._own_executor = ThreadPoolExecutor(2, thread_name_prefix="cache-prefetch")
         self._executor: Executor | None = prefetch_executor or self._own_executor
         self._streamer = stream if settings.chunk_prefetch > 0 else None
+        #: streams one missed chunk for a read that takes its verified start (`open_chunk`)
+        self._chunk_streamer = stream
         #: (reader, segment key) -> the read-ahead stream serving it
         self._streams: dict[tuple[ReaderId, str], _Stream] = {}
         self._stream_threads: set[threading.Thread] = set()
@@ -475,6 +477,9 @@ class ChunkCache:
                     assert download is not None  # noqa: S101 - a new entry downloads
                     # the stream's first chunk: this one
                     partial = self._wait_ready(seg, index, entry, download, partial_at)
+                elif mine and partial_at is not None and self._stream_chunk(seg, index, entry):
+                    assert download is not None  # noqa: S101 - a new entry downloads
+                    partial = self._wait_ready(seg, index, entry, download, partial_at)
                 elif mine:
                     data = self._download(seg, index, entry)
                 elif download is not None:
@@ -613,7 +618,8 @@ class ChunkCache:
                     return
                 if index == first_index:  # the request goes out once its first chunk is due
                     try:
-                        body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size)
+                        body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size,
+                                              to_end=True)
                     except Exception as err:  # the chunk-by-chunk path reports store errors
                         log.debug("read-ahead of %s could not start: %s", seg.key, err)
                 begin, end = seg.bounds(index)
@@ -648,6 +654,49 @@ class ChunkCache:
                 if self._streams.get((reader, seg.key)) is stream:
                     del self._streams[(reader, seg.key)]
                     self._wake_next(reader, seg.key)
+                self._cond.notify_all()
+                self._stream_threads.discard(threading.current_thread())
+
+    def _stream_chunk(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> bool:
+        """Download chunk `index` for `entry` (pinned and reserved by the caller, who keeps
+        the pin) on a thread of its own, staged and verified as its bytes arrive, so a read
+        that needs its start is served once those batches are in, not after the whole chunk
+        (a cold read of 1 MiB in a 16 MiB chunk waits for a fraction of the chunk's GET).
+        False when there is no streaming store or the cache is closing."""
+        if self._chunk_streamer is None or seg.whole:
+            return False
+        with self._cond:
+            if self._stop.is_set():
+                return False
+            thread = threading.Thread(target=self._store_chunk_stream, args=(seg, index, entry),
+                                      name="cache-chunk", daemon=True)
+            self._stream_threads.add(thread)
+        thread.start()
+        return True
+
+    def _store_chunk_stream(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> None:
+        assert self._chunk_streamer is not None  # noqa: S101 - _stream_chunk checks
+        begin, end = seg.bounds(index)
+        body = None
+        try:
+            try:
+                body = self._chunk_streamer(seg.key, begin, end)
+            except Exception as err:  # the ranged GET below reports store errors
+                log.debug("streamed read of chunk %d of %s could not start: %s", begin,
+                          seg.key, err)
+            if body is None:
+                self._download(seg, index, entry)
+            else:
+                self._store_streamed(seg, index, entry, body)
+        except TieredError as err:  # the entry's readers got the error
+            log.warning("download of chunk %d of %s failed: %s", begin, seg.key, err)
+        except Exception:  # never let the thread die with a traceback
+            log.exception("download of chunk %d of %s failed", begin, seg.key)
+        finally:
+            if body is not None:
+                body.close()
+            with self._cond:
+                self._apply_release(seg.key)
                 self._cond.notify_all()
                 self._stream_threads.discard(threading.current_thread())
 

@@ -29,8 +29,14 @@ class ByteStream(Protocol):
     def close(self) -> None: ...
 
 
-#: stream(object key, begin_inclusive, end_exclusive) -> those bytes as one streamed request
-Streamer = Callable[[str, int, int], ByteStream]
+class Streamer(Protocol):
+    """stream(object key, begin_inclusive, end_exclusive) -> those bytes as one streamed
+    request; `to_end`: `end` is the object's size (a backend may then send no range)."""
+
+    def __call__(self, key: str, begin: int, end: int, /, *, to_end: bool = False
+                 ) -> ByteStream: ...
+
+
 #: verify(chunk bytes, position of its first byte in the segment); raises CorruptSegmentError.
 #: A streamed chunk that is not the whole segment is verified a run of whole batches at a time
 Verifier = Callable[[Buffer, int], None]

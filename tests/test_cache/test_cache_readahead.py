@@ -75,7 +75,7 @@ class Streamer:
     on_open: Callable[[str], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __call__(self, key: str, begin: int, end: int) -> Stream:
+    def __call__(self, key: str, begin: int, end: int, *, to_end: bool = False) -> Stream:
         if self.on_open is not None:
             self.on_open(key)
         stream = Stream(self.objects[key], begin, end, self.break_at, set(self.corrupt),
@@ -354,4 +354,49 @@ def test_a_reader_waiting_for_its_stream_to_start_a_chunk_joins_it_at_once(
         assert read_file(got[0]) == data[starts[1]:got[0].end]
         holds[inside_1].set()
         waiter.join()
+        assert fetch.calls == []
+
+
+def test_a_one_off_read_is_served_the_start_of_its_chunk_before_the_rest_arrives(
+        tmp_path: Path, data: bytes) -> None:
+    """A read without a session that misses a chunk gets one streamed request for just that
+    chunk, and is served once the batches it needs are verified: a 1 MiB read of a cold
+    16 MiB chunk waits for part of the chunk, not all of it. The chunk is then stored whole,
+    once."""
+    starts = layout(data, CHUNK)
+    hold = starts[2] + (starts[3] - starts[2]) // 2  # the stream stops mid-chunk
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=0, strategy="lru",
+                                      holds={hold: threading.Event()})
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        got = seg.open_chunk(starts[2] + 10, starts[3] - 1)  # no reader: a one-off read
+        assert starts[2] + 10 < got.end <= hold
+        assert read_file(got) == data[starts[2]:got.end]
+        assert [s.end for s in stream.opened] == [starts[3]]  # that chunk, no further
+        stream.holds[hold].set()
+        wait_until(lambda: cache.stats()["hydrated_chunks"] == 1, "the chunk stored whole")
+        assert seg.read(starts[2], starts[3]) == data[starts[2]:starts[3]]
+        assert fetch.calls == [] and len(stream.opened) == 1
+        assert cache.stats()["bytes_downloaded"] == starts[3] - starts[2]
+
+
+def test_a_one_off_read_of_the_first_chunk_asks_for_that_chunk_only(
+        tmp_path: Path, data: bytes) -> None:
+    """From byte 0 a one-off read still asks for a range (its chunk), never the whole object:
+    only a read-ahead that runs to the end sends a request without one."""
+    starts = layout(data, CHUNK)
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=0, strategy="lru")
+    ends: list[bool] = []
+    inner = stream.__call__
+
+    def recording(key: str, begin: int, end: int, *, to_end: bool = False) -> Stream:
+        ends.append(to_end)
+        return inner(key, begin, end, to_end=to_end)
+
+    cache._chunk_streamer = recording
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        os.close(seg.open_chunk(0, starts[1] - 1).fd)
+        wait_until(lambda: cache.stats()["hydrated_chunks"] == 1, "chunk 0 stored")
+        assert ends == [False] and stream.opened[0].end == starts[1]
         assert fetch.calls == []

@@ -71,3 +71,45 @@ def test_a_body_that_ends_short_raises(short_server: str) -> None:
         body.close()
     finally:
         store.close()
+
+
+class _Recording(BaseHTTPRequestHandler):
+    """Answers every GET with 1000 bytes of the range asked for, recording its Range header."""
+
+    protocol_version = "HTTP/1.1"
+    ranges: list[str | None] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        asked = self.headers.get("Range")
+        type(self).ranges.append(asked)
+        body = b"y" * 1000
+        if asked is not None:
+            first, last = (int(x) for x in asked.removeprefix("bytes=").split("-"))
+            body = body[first:last + 1]
+        self.send_response(206 if asked else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_only_a_stream_to_the_object_s_end_goes_without_a_range() -> None:
+    """A read-ahead to the end may ask for the whole object (moto streams that at once); any
+    other stream, one chunk from byte 0 included, asks for exactly its range."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    store = S3Store(s3_settings(f"http://127.0.0.1:{server.server_address[1]}", "rec-bucket"),
+                    sleep=no_sleep)
+    _Recording.ranges = []
+    try:
+        for begin, end, to_end in ((0, 1000, True), (0, 400, False), (400, 1000, True)):
+            body = store.open_range("seg/s.log", begin, end, to_end=to_end)
+            assert body.read(end - begin) == b"y" * (end - begin)
+            body.close()
+    finally:
+        store.close()
+        server.shutdown()
+        server.server_close()
+    assert _Recording.ranges == [None, "bytes=0-399", "bytes=400-999"]

@@ -196,12 +196,15 @@ class ObjectStore(abc.ABC):
         backend may then hand over what it read without copying it). Errors as `get`."""
         return self.get(key, (begin, end))
 
-    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
+    def open_range(self, key: str, begin: int, end: int, *, to_end: bool = False
+                   ) -> RangeStream:
         """Bytes `[begin, end)` of `key` as a stream read as it arrives: one request for a long
         sequential read (the read cache's read-ahead fills chunk after chunk from it) where
-        `get` would need one per chunk. The caller closes it. The default reads the range at
-        once; backends that can stream override it. Raises `ObjectNotFound`; errors while
-        reading the stream are the transport's own (the caller falls back to `get`)."""
+        `get` would need one per chunk. The caller closes it. `to_end` says `end` is the
+        object's size (a backend may then ask for the object without a range). The default
+        reads the range at once; backends that can stream override it. Raises
+        `ObjectNotFound`; errors while reading the stream are the transport's own (the caller
+        falls back to `get`)."""
         return io.BytesIO(self.get(key, (begin, end)))
 
     @abc.abstractmethod

@@ -428,7 +428,8 @@ class FileStore(ObjectStore):
         except OSError as exc:
             raise self._os_error("get", key, exc, reading=True) from exc
 
-    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
+    def open_range(self, key: str, begin: int, end: int, *, to_end: bool = False
+                   ) -> RangeStream:
         dest = self._check(key)
         if begin < 0 or end <= begin:
             raise ValueError(f"open_range {self._where(key)}: bad byte range [{begin}, {end})")

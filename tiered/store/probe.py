@@ -275,8 +275,9 @@ class ProbingStore(ObjectStore):
     def read_range(self, key: str, begin: int, end: int) -> bytes:
         return self.inner.read_range(key, begin, end)
 
-    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
-        return self.inner.open_range(key, begin, end)
+    def open_range(self, key: str, begin: int, end: int, *, to_end: bool = False
+                   ) -> RangeStream:
+        return self.inner.open_range(key, begin, end, to_end=to_end)
 
     def head(self, key: str) -> ObjectInfo:
         return self.inner.head(key)

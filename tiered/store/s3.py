@@ -419,15 +419,15 @@ class S3Store(ObjectStore):
         self.stats.add(bytes_read=len(data))
         return data, etag
 
-    def open_range(self, key: str, begin: int, end: int) -> RangeStream:
+    def open_range(self, key: str, begin: int, end: int, *, to_end: bool = False
+                   ) -> RangeStream:
         if begin < 0 or end <= begin:
             raise ValueError(f"open_range {self._where(key)}: bad byte range [{begin}, {end})")
         kwargs = {"Bucket": self.bucket, "Key": self._full(key)}
-        if begin > 0:
+        if begin > 0 or not to_end:
             kwargs["Range"] = f"bytes={begin}-{end - 1}"
-        # from byte 0: the whole object, unranged; the caller reads what it asked for and
-        # closes. The same bytes on S3, and servers that serve a ranged GET by slicing the
-        # object in memory (moto) stream an unranged one at once
+        # the whole object: unranged. The same bytes on S3, and servers that serve a ranged
+        # GET by slicing the object in memory (moto) stream an unranged one at once
 
         def fetch() -> RangeStream:
             # read by the caller as it arrives; a body that ends short raises (see the class)

@@ -67,6 +67,9 @@ _MISSING_ATTEMPTS = 10
 _STREAM_IDLE_S = 20.0
 #: read-ahead streams open at once; past this, read-ahead falls back to one GET per chunk
 _MAX_STREAMS = 32
+#: an early request (`ChunkCache.request_early`) nobody took is closed at the first check this
+#: long after it went out
+_EARLY_TTL_S = 10.0
 
 
 class ChunkFile(NamedTuple):
@@ -77,6 +80,11 @@ class ChunkFile(NamedTuple):
     fd: int
     begin: int
     end: int
+
+
+def _close_body(request: Future[ByteStream]) -> None:
+    if request.exception() is None:
+        request.result().close()
 
 
 @dataclass
@@ -205,6 +213,9 @@ class ChunkCache:
         self._streamer = stream if settings.chunk_prefetch > 0 else None
         #: streams one missed chunk for a read that takes its verified start (`open_chunk`)
         self._chunk_streamer = stream
+        #: segment key -> a request from its byte 0 sent before the segment was opened, and
+        #: when (`request_early`); the read-ahead starting at its chunk 0 takes it
+        self._early: dict[str, tuple[Future[ByteStream], float]] = {}
         #: (reader, segment key) -> the read-ahead stream serving it
         self._streams: dict[tuple[ReaderId, str], _Stream] = {}
         self._stream_threads: set[threading.Thread] = set()
@@ -280,9 +291,58 @@ class ChunkCache:
             out["max_objects"] = self.limits.max_objects
             return out
 
+    def request_early(self, key: str, size: int) -> None:
+        """Send the streamed request for segment object `key` (`size` bytes) from byte 0 now,
+        before the segment is opened: a consumer's first read of a segment waits for its index
+        (one request) and then for its bytes (a second one); sent together, it waits for one
+        round trip instead of two. The read-ahead that then starts at the segment's chunk 0
+        takes the request; one nobody took within `_EARLY_TTL_S` is closed. Nothing is sent
+        without read-ahead, or when chunk 0 is cached or a stream of the segment runs."""
+        if self._streamer is None or self.settings.disable_chunk_reads or size <= 0:
+            return
+        with self._cond:
+            if (self._stop.is_set() or key in self._early or ChunkId(key, 0) in self._entries
+                    or any(segment == key for _reader, segment in self._streams)):
+                return
+            request: Future[ByteStream] = Future()
+            self._early[key] = (request, time.monotonic())
+        streamer = self._streamer
+
+        def send() -> None:
+            try:
+                request.set_result(streamer(key, 0, size, to_end=True))
+            except BaseException as err:  # the read-ahead sends its own request then
+                request.set_exception(err)
+
+        threading.Thread(target=send, name="cache-early-request", daemon=True).start()
+
+    def _take_early(self, key: str) -> ByteStream | None:
+        """The request `request_early` sent for `key`, once it has an answer; None when there
+        is none or it failed."""
+        with self._cond:
+            early = self._early.pop(key, None)
+        if early is None:
+            return None
+        try:
+            return early[0].result()
+        except Exception as err:
+            log.debug("early request for %s failed (%s); sending it again", key, err)
+            return None
+
+    def _drop_early(self, older_than_s: float) -> None:
+        """Close the early requests nobody took within `older_than_s` seconds."""
+        now = time.monotonic()
+        with self._cond:
+            stale = [k for k, (_r, sent) in self._early.items() if now - sent >= older_than_s]
+            requests = [self._early.pop(k)[0] for k in stale]
+        for request in requests:
+            request.add_done_callback(_close_body)
+
     def maintain(self) -> None:
         """The periodic check: drop idle readers' holds, trim down to the thresholds, persist
-        the access-time index. Runs every `check_interval_ms` after `start()`."""
+        the access-time index, close early requests nobody took. Runs every
+        `check_interval_ms` after `start()`."""
+        self._drop_early(_EARLY_TTL_S)
         with self._cond:
             self._release_holds(self._readers.expire(self._clock() - self._reader_idle_s))
             self._trim(0, 0)
@@ -323,6 +383,7 @@ class ChunkCache:
             self._own_executor.shutdown(wait=True, cancel_futures=True)
             self._own_executor = None
             self._executor = None
+        self._drop_early(0.0)
         self.maintain()
 
     def __enter__(self) -> ChunkCache:
@@ -618,8 +679,10 @@ class ChunkCache:
                     return
                 if index == first_index:  # the request goes out once its first chunk is due
                     try:
-                        body = self._streamer(seg.key, seg.bounds(first_index)[0], seg.size,
-                                              to_end=True)
+                        body = self._take_early(seg.key) if index == 0 else None
+                        if body is None:
+                            body = self._streamer(seg.key, seg.bounds(first_index)[0],
+                                                  seg.size, to_end=True)
                     except Exception as err:  # the chunk-by-chunk path reports store errors
                         log.debug("read-ahead of %s could not start: %s", seg.key, err)
                 begin, end = seg.bounds(index)

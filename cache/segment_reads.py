@@ -397,6 +397,11 @@ class RemoteSegments:
         `cloud_storage_chunk_prefetch` chunks of `seg`'s end, that segment's first chunk is read
         ahead (on a thread of its own, it downloads the segment's index first), so a consumer
         crossing the boundary does not wait."""
+        if session and offset <= seg.base_offset and (
+                self._opened.get(m.segment_key(seg)) is None):
+            # a consumer starting on a segment not opened yet: its bytes from byte 0 are
+            # asked for while its index comes
+            self.cache.request_early(m.segment_key(seg), seg.size_bytes)
         rs = self._open(m, seg)
         resume = self._resume.get((reader, rs.key)) if session else None
         if resume is not None and resume[0] == offset:

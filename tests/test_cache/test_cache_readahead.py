@@ -400,3 +400,35 @@ def test_a_one_off_read_of_the_first_chunk_asks_for_that_chunk_only(
         wait_until(lambda: cache.stats()["hydrated_chunks"] == 1, "chunk 0 stored")
         assert ends == [False] and stream.opened[0].end == starts[1]
         assert fetch.calls == []
+
+
+def test_an_early_request_is_taken_by_the_read_ahead_from_chunk_0(tmp_path: Path,
+                                                                  data: bytes) -> None:
+    """`request_early` sends the request from byte 0 before the segment is opened; the
+    consumer's read-ahead from chunk 0 then uses it: one request in all, no ranged GET."""
+    cache, fetch, stream = open_cache(tmp_path, data)
+    with cache:
+        cache.request_early(KEY, len(data))
+        wait_until(lambda: len(stream.opened) == 1, "the early request")
+        assert read_sequentially(cache, data) == data
+        assert len(stream.opened) == 1 and stream.opened[0].pos == len(data)
+        assert fetch.calls == []
+
+
+def test_an_early_request_nobody_takes_is_closed(tmp_path: Path, data: bytes,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from cache import chunk_cache
+
+    cache, fetch, stream = open_cache(tmp_path, data)
+    with cache:
+        cache.request_early(KEY, len(data))
+        wait_until(lambda: len(stream.opened) == 1, "the early request")
+        cache.maintain()
+        assert not stream.opened[0].closed  # still young
+        monkeypatch.setattr(chunk_cache, "_EARLY_TTL_S", 0.0)
+        cache.maintain()
+        assert stream.opened[0].closed
+        cache.request_early(KEY, len(data))  # and one left at close is closed with the cache
+        wait_until(lambda: len(stream.opened) == 2, "the second early request")
+    assert stream.opened[1].closed
+    assert fetch.calls == []

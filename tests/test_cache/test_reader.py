@@ -10,6 +10,7 @@ by `test_reader_http.py` and `test_fetch_cli.py`.
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,7 +43,7 @@ from tiered.kafka.checkpoints import topic_id_to_str
 from tiered.kafka.local_log import LocalLog, TopicPartition
 from tiered.kafka.log_writer import LogWriter
 from tiered.kafka.records import iter_batch_headers
-from tiered.store.base import ObjectStore
+from tiered.store.base import Blob, ObjectStore, RangeStream
 from tiered.store.s3 import S3Store
 
 
@@ -497,3 +498,42 @@ def test_a_one_off_fetch_reads_nothing_ahead(tmp_path: Path, file_store: ObjectS
             assert session.data == fx.image.expected(offset, 3000)
             offset = session.next_offset
         assert reader.cache.stats()["prefetches"] > 0
+
+
+class _IndexAfterBytes(CountingStore):
+    """Answers a segment's `.index` GET only once a segment's bytes were asked for (or after
+    2 s), saying which."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.streamed = threading.Event()
+        self.index_waited: list[bool] = []
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+        if key.endswith(".index"):
+            self.index_waited.append(self.streamed.wait(2.0))
+        return super().get(key, byte_range)
+
+    def open_range(self, key: str, begin: int, end: int, *, to_end: bool = False
+                   ) -> RangeStream:
+        self.streamed.set()
+        return self.inner.open_range(key, begin, end, to_end=to_end)
+
+
+def test_a_consumer_s_first_fetch_asks_for_the_bytes_while_the_index_comes(
+        tmp_path: Path, file_store: ObjectStore) -> None:
+    """A consumer starting on a segment waits for one round trip, not two: the request for
+    the segment's bytes goes out while its index is being fetched, not after."""
+    fx = archived_partition(tmp_path, file_store, batches=80, cluster={
+        "cloud_storage_chunk_prefetch": 2, "cloud_storage_cache_chunk_size": 4096})
+    drop_local_segments(fx.config)
+    store = _IndexAfterBytes(file_store)
+    with Reader(fx.config, store, local_log=LocalLog(fx.config.log_dirs),
+                metadata_ttl_s=60.0) as reader:
+        offset = 0
+        while offset < fx.end:
+            got = reader.fetch(TOPIC, 0, offset, 3000, reader_id="c")
+            assert got.data == fx.image.expected(offset, 3000)
+            offset = got.next_offset
+    assert store.index_waited[:1] == [True]
+    assert store.calls.get("get", 0) >= 1

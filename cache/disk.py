@@ -56,7 +56,7 @@ BLOCK = 1024 * 1024
 TMP_STALE_S = 600.0
 #: attempts to create a file whose directory another process removed meanwhile (it deletes
 #: chunk directories it finds empty)
-_CREATE_ATTEMPTS = 3
+_CREATE_ATTEMPTS = 10
 
 #: `os.write`-shaped function, injectable so tests can simulate a full disk
 Writer = Callable[[int, memoryview], int]
@@ -252,7 +252,7 @@ def _chunk_of(relative: str) -> ChunkId:
 def load_entries(root: Path) -> list[DiskEntry]:
     """Every cached file under `root`, with access times and checksums from the index where it
     knows the file at its current size (else the file's mtime and no checksum). Removes
-    temporary files and empty chunk directories left by a crash."""
+    temporary files and empty directories that a crash or eviction left, once they are stale."""
     index = _read_index(root)
     entries: list[DiskEntry] = []
     for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
@@ -274,9 +274,17 @@ def load_entries(root: Path) -> list[DiskEntry]:
             else:
                 entries.append(DiskEntry(_chunk_of(relative), st.st_size, st.st_mtime))
         if Path(dirpath) != root:
-            with contextlib.suppress(OSError):  # gone, or not empty: another process's
-                os.rmdir(dirpath)
+            _remove_if_stale_and_empty(Path(dirpath))
     return entries
+
+
+def _remove_if_stale_and_empty(directory: Path) -> None:
+    """Remove a directory left empty, once nothing has been added to or taken from it for the
+    stale age. A fresh one may be another process's, made by its `mkdir` and about to get its
+    file: removing it there would only make that process retry."""
+    with contextlib.suppress(OSError):  # gone, or not empty: another process's
+        if time.time() - directory.stat().st_mtime > TMP_STALE_S:
+            os.rmdir(directory)
 
 
 def _remove_if_stale(path: Path) -> None:

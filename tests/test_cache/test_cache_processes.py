@@ -77,6 +77,23 @@ def test_a_fresh_temporary_file_is_left_alone_and_an_old_one_removed(tmp_path: P
     assert fresh.exists() and not old.exists()
 
 
+def test_an_empty_directory_is_removed_only_once_stale(tmp_path: Path) -> None:
+    """A directory another process has just made (its file not yet opened in it) stays: only
+    one untouched for the stale age goes (its parent, just changed by that, at a later walk)."""
+    fresh = tmp_path / "ab12cd34" / "kafka" / "t" / "0_7" / "0-9-1.log_chunks"
+    old = tmp_path / "old" / "kafka" / "t" / "0_7" / "0-9-1.log_chunks"
+    fresh.mkdir(parents=True)
+    old.mkdir(parents=True)
+    past = time.time() - disk.TMP_STALE_S - 1
+    for directory in [old, *old.parents]:
+        if directory == tmp_path:
+            break
+        os.utime(directory, (past, past))
+    assert disk.load_entries(tmp_path) == []
+    assert fresh.is_dir()
+    assert not old.exists() and old.parent.is_dir()
+
+
 def test_a_write_whose_directory_another_process_removed_is_retried(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "seg.log_chunks" / "0"

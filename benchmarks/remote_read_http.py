@@ -13,7 +13,11 @@ Measures (MB/s are 10**6 bytes per second; every byte read is compared with the 
 * sequential: one new consumer session reads a segment start to end in 1 MiB fetches over one
   keep-alive connection, its last fetch ending where the segment does (the bytes of the
   object, no more); baseline: a boto3 streamed GET of the same object (1 MiB reads), run just
-  before it. Three segments, medians reported. Also the daemon's CPU seconds per MB.
+  before it, once the daemon is idle (the previous run's read-ahead into the segment after
+  its own has settled). Three segments, medians reported. Also the daemon's CPU seconds per
+  MB and, per run, the CPU milliseconds of the store server, the client and the daemon for
+  each contender, and the daemon's store GETs and MB (its read-ahead into the next segment
+  included).
 * sequential_catch_up: one consumer session reads `CATCH_UP` consecutive segments start to end,
   as a consumer that fell behind does (read-ahead carries it across segment boundaries);
   baseline: boto3 streamed GETs of the same objects one after the other.
@@ -73,6 +77,7 @@ from _common import (
     archive_everything,
     daemon_config,
     free_port,
+    own_cpu_s,
     progress,
     versions,
 )
@@ -294,6 +299,44 @@ def plan_roles(count: int) -> Roles:
     return Roles(0, [middle[i % len(middle)] for i in range(SEQUENTIAL_RUNS)],
                  middle[:CATCH_UP], [middle[i % len(middle)] for i in range(CONSUMERS)],
                  count - 1)
+
+
+#: the read path's store traffic in the daemon's /metrics
+READ_GETS = 'tiered_store_operations_total{path="read"}'
+READ_BYTES = 'tiered_store_bytes_total{direction="read",path="read"}'
+
+
+class CpuUse:
+    """CPU time each process spent over a `with` block: the store server, this process (the
+    client) and, given one, the daemon, with the daemon's store requests and bytes on its read
+    path. On 2 cores every process competes with the others, so what one contender makes
+    the store server do slows it down too: the report shows where its time went."""
+
+    def __init__(self, moto: MotoServer, daemon: DaemonProcess | None) -> None:
+        self.moto = moto
+        self.daemon = daemon
+        self.used: dict[str, float] = {}
+        self.gets = self.store_bytes = 0
+
+    def _sample(self) -> dict[str, float]:
+        now = {"store_server": self.moto.cpu_s(), "client": own_cpu_s()}
+        if self.daemon is not None:
+            now |= {"daemon": self.daemon.cpu_s(), "gets": self.daemon.metric(READ_GETS),
+                    "bytes": self.daemon.metric(READ_BYTES)}
+        return now
+
+    def __enter__(self) -> CpuUse:
+        self._start = self._sample()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._sample()
+        used = {k: end[k] - self._start[k] for k in end}
+        self.gets, self.store_bytes = int(used.pop("gets", 0)), int(used.pop("bytes", 0))
+        self.used = used
+
+    def ms(self) -> dict[str, int]:
+        return {k: round(v * 1000) for k, v in self.used.items()}
 
 
 def median_ms(samples: list[float]) -> float:
@@ -552,21 +595,28 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
         "ratio": ratio(statistics.median(lat[2]), statistics.median(lat[1]))}
 
     progress("sequential consumer")
-    runs: list[dict[str, float]] = []
+    runs: list[dict[str, Any]] = []
     for segment in roles.sequential:  # each its own segment, baseline first
-        total, took = run.boto3_stream(segment)
-        cpu0 = daemon.cpu_s()
-        mine, mine_s = run.consume(daemon.port, f"sequential{segment}", [segment])
-        cpu = daemon.cpu_s() - cpu0
+        daemon.settle()  # the last run's read-ahead into the next segment is over
+        with CpuUse(run.moto, None) as base_cpu:
+            total, took = run.boto3_stream(segment)
+        with CpuUse(run.moto, daemon) as use:
+            mine, mine_s, pieces = run.read_segments(daemon.port, f"sequential{segment}",
+                                                     [segment])
+        run.check_segments(segment, pieces)
         runs.append({"tiered_mb_per_s": round(mine / mine_s / MB, 1),
                      "boto3_streamed_get_mb_per_s": round(total / took / MB, 1),
                      "ratio": round(mine / mine_s / (total / took), 3),
-                     "daemon_cpu_s_per_mb": round(cpu / (mine / MB), 4)})
+                     "daemon_cpu_s_per_mb": round(use.used["daemon"] / (mine / MB), 4),
+                     "cpu_ms": {"boto3": base_cpu.ms(), "tiered": use.ms()},
+                     "store_gets": use.gets, "store_mb": round(use.store_bytes / MB, 1)})
     out["sequential"] = {
-        key: statistics.median(float(r[key]) for r in runs) for key in runs[0]
+        key: statistics.median(float(r[key]) for r in runs)
+        for key in runs[0] if not isinstance(runs[0][key], dict)
     } | {"runs": runs}
 
     progress(f"a consumer catching up over {CATCH_UP} segments")
+    daemon.settle()
     start = time.perf_counter()
     total = sum(run.boto3_stream(segment)[0] for segment in roles.catch_up)
     took = time.perf_counter() - start

@@ -94,6 +94,22 @@ def test_an_empty_directory_is_removed_only_once_stale(tmp_path: Path) -> None:
     assert not old.exists() and old.parent.is_dir()
 
 
+def test_a_walk_between_the_levels_of_a_new_directory_tree_does_not_undo_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process's start-up walk runs after every directory this write makes: the
+    levels made so far are fresh, so the walk leaves them and the write goes through."""
+    target = tmp_path / "ab12cd34" / "kafka" / "t" / "0_7" / "0-9-1.log_chunks" / "0"
+    real_mkdir = os.mkdir
+
+    def mkdir_then_walk(path: str | os.PathLike[str], mode: int = 0o777, **kw: object) -> None:
+        real_mkdir(path, mode, **kw)  # type: ignore[arg-type]
+        disk.load_entries(tmp_path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_walk)
+    disk.write_atomically(target, b"chunk bytes")
+    assert target.read_bytes() == b"chunk bytes"
+
+
 def test_a_write_whose_directory_another_process_removed_is_retried(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "seg.log_chunks" / "0"

@@ -54,8 +54,8 @@ BLOCK = 1024 * 1024
 #: a temporary file older than this (seconds) is a crash's leftover; a younger one may be
 #: another process's write in progress (processes on one host share the cache directory)
 TMP_STALE_S = 600.0
-#: attempts to create a file whose directory another process removed meanwhile (it deletes
-#: chunk directories it finds empty)
+#: attempts to create a file whose directory another process removed meanwhile (its start-up
+#: walk deletes directories it finds empty and stale)
 _CREATE_ATTEMPTS = 10
 
 #: `os.write`-shaped function, injectable so tests can simulate a full disk

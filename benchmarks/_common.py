@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 from tiered.kafka.checkpoints import TopicPartition, new_topic_id
 from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
@@ -85,6 +85,7 @@ class MotoServer:
         self.spool_in_memory = spool_in_memory
         self._spool: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
 
     def __enter__(self) -> MotoServer:
         env = fake_aws_env()
@@ -93,25 +94,27 @@ class MotoServer:
         if self.spool_in_memory and os.path.isdir(SHM):
             self._spool = tempfile.mkdtemp(prefix="moto-spool-", dir=SHM)
             env["TMPDIR"] = self._spool
+        # a file, not a pipe nobody reads: the server logs every request there, and writing
+        # to a closed pipe would cost it a logging error per request
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop()
         self._proc = subprocess.Popen(
             [_moto_server_command(), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self._stderr,
             env=env,
         )
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                self._stderr.seek(0)
+                err = self._stderr.read().decode(errors="replace")
+                self._stop()
                 raise SystemExit(f"moto_server exited at start: {err.strip()[-500:]}")
             try:
                 urllib.request.urlopen(self.endpoint, timeout=1).close()
             except OSError:
                 time.sleep(0.1)
                 continue
-            # nobody reads the pipe from here on; a chatty server must not block on it
-            if self._proc.stderr is not None:
-                self._proc.stderr.close()
             return self
         self._stop()
         raise SystemExit(
@@ -136,6 +139,9 @@ class MotoServer:
         if self._spool is not None:
             shutil.rmtree(self._spool, ignore_errors=True)
             self._spool = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def cpu_s(self) -> float:
         """CPU seconds the server has used so far: on a 2-core machine it competes with the

@@ -17,7 +17,11 @@ Measures (MB/s are 10**6 bytes per second; every byte read is compared with the 
   its own has settled). Three segments, medians reported. Also the daemon's CPU seconds per
   MB and, per run, the CPU milliseconds of the store server, the client and the daemon for
   each contender, and the daemon's store GETs and MB (its read-ahead into the next segment
-  included).
+  included). For reference, the same consumer reads the same segment through a naive
+  read-through proxy (`NAIVE_PROXY`: one streamed GET, bytes staged in memory or in a tmpfs
+  file and sent as they arrive, nothing checked, cached or read ahead), each against a boto3
+  GET of its own: `naive_proxy_memory_ratio` and `naive_proxy_tmpfs_ratio` say how far any
+  daemon on this machine could get with this consumer.
 * sequential_catch_up: one consumer session reads `CATCH_UP` consecutive segments start to end,
   as a consumer that fell behind does (read-ahead carries it across segment boundaries);
   baseline: boto3 streamed GETs of the same objects one after the other.
@@ -255,6 +259,86 @@ def minimal_server(payload_size: int) -> tuple[subprocess.Popen[bytes], int]:
     raise SystemExit("the minimal server did not start")
 
 
+#: A naive read-through proxy, the floor of what any daemon on this machine can do for one
+#: sequential consumer: one streamed GET of the object from byte 0 (sent at the first fetch,
+#: as the daemon's is), its bytes kept in memory or written to a tmpfs file as they arrive,
+#: each 1 MiB fetch answered once its bytes are in (from memory with sendall, or from the file
+#: with sendfile). It checks nothing, caches nothing for anyone else, parses no record batch
+#: and reads nothing ahead: what it costs is moving the bytes, and nothing else.
+NAIVE_PROXY = textwrap.dedent("""\
+    import http.client, os, socket, sys, threading, urllib.parse
+    url, size, staging, spool = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    where = urllib.parse.urlsplit(url)
+    server = socket.create_server(("127.0.0.1", 0))
+    print(server.getsockname()[1], flush=True)
+    memory = bytearray(size if staging == "memory" else 1 << 20)
+    view = memoryview(memory)
+    view[:] = bytes(len(memory))  # touched: no page faults while measured
+    fd = -1 if staging == "memory" else os.open(os.path.join(spool, "object"),
+                                                  os.O_CREAT | os.O_RDWR | os.O_TRUNC)
+    arrived = 0
+    cond = threading.Condition()
+    def download():
+        global arrived
+        store = http.client.HTTPConnection(where.hostname, where.port)
+        store.request("GET", where.path + "?" + where.query)
+        answer = store.getresponse()
+        while arrived < size:
+            into = (view[arrived:arrived + (1 << 20)] if fd < 0
+                    else view[:min(1 << 20, size - arrived)])
+            n = answer.readinto(into)
+            if not n:
+                sys.stderr.write(f"the store answered {answer.status}: {arrived} of {size}\\n")
+                os._exit(1)
+            put = n if fd < 0 else 0
+            while put < n:
+                put += os.write(fd, into[put:n])
+            with cond:
+                arrived += n
+                cond.notify_all()
+    conn, _ = server.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    requests = conn.makefile("rb")
+    started = False
+    while True:
+        line = requests.readline()
+        if not line:
+            break
+        while requests.readline() not in (b"\\r\\n", b""):
+            pass
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(line.split()[1].decode()).query)
+        pos, n = int(query["offset"][0]), int(query["max_bytes"][0])
+        if not started:
+            threading.Thread(target=download, daemon=True).start()
+            started = True
+        with cond:
+            while arrived < pos + n:
+                cond.wait()
+        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nX-Next-Offset: %d\\r\\n\\r\\n"
+                     % (n, pos + n))
+        if fd < 0:
+            conn.sendall(view[pos:pos + n])
+        else:
+            sent = 0
+            while sent < n:
+                sent += os.sendfile(conn.fileno(), fd, pos + sent, n - sent)
+    """)
+
+
+def naive_proxy(url: str, size: int, staging: str, spool: Path
+                ) -> tuple[subprocess.Popen[bytes], int]:
+    """`NAIVE_PROXY` for the object at presigned `url` (`size` bytes) in its own process,
+    staging in "memory" or a "tmpfs" file in `spool`; (process, port). It serves one
+    connection."""
+    proc = subprocess.Popen([sys.executable, "-c", NAIVE_PROXY, url, str(size), staging,
+                             str(spool)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None  # noqa: S101 - stdout=PIPE
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"the naive proxy did not start (exit {proc.wait()})")
+    return proc, int(line)
+
+
 def disk_write_rate(work: Path, total: int = 512 * MIB) -> float:
     """Sustained buffered write rate of the work directory's disk (16 MiB files, as chunks)."""
     data = os.urandom(16 * MIB)
@@ -411,15 +495,22 @@ class Run:
         self.check_segments(segments[0], pieces)
         return total, took
 
-    def read_segments(self, port: int, name: str, segments: list[int]
-                      ) -> tuple[int, float, list[memoryview]]:
-        """Fetch consecutive `segments` start to end in 1 MiB fetches, the last one ending
-        where the last segment does: the consumer reads those objects' bytes, no more, into
-        memory it has ready before the clock starts."""
-        first, last = self.segments[segments[0]], self.segments[segments[-1]]
+    def space_for(self, segments: list[int]) -> memoryview:
+        """Memory for a consumer to read `segments` into, touched: no page faults while
+        measured."""
         size = sum(self.segments[i][2] for i in segments)
         space = memoryview(bytearray(size))
-        space[:] = bytes(size)  # touched: no page faults while measured
+        space[:] = bytes(size)
+        return space
+
+    def read_segments(self, port: int, name: str, segments: list[int],
+                      space: memoryview | None = None) -> tuple[int, float, list[memoryview]]:
+        """Fetch consecutive `segments` start to end in 1 MiB fetches, the last one ending
+        where the last segment does: the consumer reads those objects' bytes, no more, into
+        memory it has ready before the clock starts (`space`, from `space_for`, or its own)."""
+        first, last = self.segments[segments[0]], self.segments[segments[-1]]
+        space = self.space_for(segments) if space is None else space
+        size = len(space)
         consumer = LeanConsumer(port, name)
         offset, total = first[0], 0
         start = time.perf_counter()
@@ -442,6 +533,30 @@ class Run:
             position += size
         if position != len(served):
             raise SystemExit(f"served {len(served)} bytes, the segments hold {position}")
+
+    def naive(self, segment: int, staging: str) -> float:
+        """Seconds for a consumer to read `segment` start to end in 1 MiB fetches through a
+        `naive_proxy` staging in `staging` (started before the clock); the bytes are compared
+        with the log afterwards."""
+        _base, _end, size, key = self.segments[segment]
+        url = self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": BUCKET, "Key": key}, ExpiresIn=600)
+        space = self.space_for([segment])
+        proc, port = naive_proxy(url, size, staging, self.cache_dir)
+        try:
+            consumer = LeanConsumer(port, "naive")
+            position = 0
+            start = time.perf_counter()
+            while position < size:
+                _body, position = consumer.fetch(position, min(FETCH, size - position),
+                                                 space[position:])
+            took = time.perf_counter() - start
+            consumer.close()
+        finally:
+            proc.wait(timeout=60)
+            (self.cache_dir / "object").unlink(missing_ok=True)
+        self.check_segments(segment, [space])
+        return took
 
     def boto3_stream(self, segment: int) -> tuple[int, float]:
         key = self.segments[segment][3]
@@ -600,11 +715,17 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
         daemon.settle()  # the last run's read-ahead into the next segment is over
         with CpuUse(run.moto, None) as base_cpu:
             total, took = run.boto3_stream(segment)
+        space = run.space_for([segment])  # outside the CPU figures, as boto3's buffers are
         with CpuUse(run.moto, daemon) as use:
             mine, mine_s, pieces = run.read_segments(daemon.port, f"sequential{segment}",
-                                                     [segment])
+                                                     [segment], space)
         run.check_segments(segment, pieces)
-        runs.append({"tiered_mb_per_s": round(mine / mine_s / MB, 1),
+        naive = {}
+        for staging in ("memory", "tmpfs"):
+            daemon.settle()
+            _total, base_s = run.boto3_stream(segment)
+            naive[f"naive_proxy_{staging}_ratio"] = round(base_s / run.naive(segment, staging), 3)
+        runs.append(naive | {"tiered_mb_per_s": round(mine / mine_s / MB, 1),
                      "boto3_streamed_get_mb_per_s": round(total / took / MB, 1),
                      "ratio": round(mine / mine_s / (total / took), 3),
                      "daemon_cpu_s_per_mb": round(use.used["daemon"] / (mine / MB), 4),

@@ -280,22 +280,25 @@ NAIVE_PROXY = textwrap.dedent("""\
     cond = threading.Condition()
     def download():
         global arrived
-        store = http.client.HTTPConnection(where.hostname, where.port)
-        store.request("GET", where.path + "?" + where.query)
-        answer = store.getresponse()
-        while arrived < size:
-            into = (view[arrived:arrived + (1 << 20)] if fd < 0
-                    else view[:min(1 << 20, size - arrived)])
-            n = answer.readinto(into)
-            if not n:
-                sys.stderr.write(f"the store answered {answer.status}: {arrived} of {size}\\n")
-                os._exit(1)
-            put = n if fd < 0 else 0
-            while put < n:
-                put += os.write(fd, into[put:n])
-            with cond:
-                arrived += n
-                cond.notify_all()
+        try:
+            store = http.client.HTTPConnection(where.hostname, where.port)
+            store.request("GET", where.path + "?" + where.query)
+            answer = store.getresponse()
+            while arrived < size:
+                into = (view[arrived:arrived + (1 << 20)] if fd < 0
+                        else view[:min(1 << 20, size - arrived)])
+                n = answer.readinto(into)
+                if not n:
+                    raise EOFError(f"HTTP {answer.status}, {arrived} of {size} bytes")
+                put = n if fd < 0 else 0
+                while put < n:
+                    put += os.write(fd, into[put:n])
+                with cond:
+                    arrived += n
+                    cond.notify_all()
+        except Exception as err:  # the consumer sees the connection close
+            sys.stderr.write(f"naive proxy: the store read failed: {err!r}\\n")
+            os._exit(1)
     conn, _ = server.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     requests = conn.makefile("rb")
@@ -543,6 +546,7 @@ class Run:
             "get_object", Params={"Bucket": BUCKET, "Key": key}, ExpiresIn=600)
         space = self.space_for([segment])
         proc, port = naive_proxy(url, size, staging, self.cache_dir)
+        consumer = None
         try:
             consumer = LeanConsumer(port, "naive")
             position = 0
@@ -551,9 +555,14 @@ class Run:
                 _body, position = consumer.fetch(position, min(FETCH, size - position),
                                                  space[position:])
             took = time.perf_counter() - start
-            consumer.close()
         finally:
-            proc.wait(timeout=60)
+            if consumer is not None:
+                consumer.close()  # the proxy serves one connection: it exits now
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             (self.cache_dir / "object").unlink(missing_ok=True)
         self.check_segments(segment, [space])
         return took

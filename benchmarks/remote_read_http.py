@@ -18,10 +18,11 @@ Measures (MB/s are 10**6 bytes per second; every byte read is compared with the 
   MB and, per run, the CPU milliseconds of the store server, the client and the daemon for
   each contender, and the daemon's store GETs and MB (its read-ahead into the next segment
   included). For reference, the same consumer reads the same segment through a naive
-  read-through proxy (`NAIVE_PROXY`: one streamed GET, bytes staged in memory or in a tmpfs
-  file and sent as they arrive, nothing checked, cached or read ahead), each against a boto3
-  GET of its own: `naive_proxy_memory_ratio` and `naive_proxy_tmpfs_ratio` say how far any
-  daemon on this machine could get with this consumer.
+  read-through proxy (`NAIVE_PROXY`: one streamed GET, bytes staged in memory or in a file
+  beside the cache, on its filesystem, and sent as they arrive, nothing checked, cached or
+  read ahead), each against a boto3 GET of its own: `naive_proxy_memory_ratio` and
+  `naive_proxy_file_ratio` say how far any daemon on this machine could get with this
+  consumer.
 * sequential_catch_up: one consumer session reads `CATCH_UP` consecutive segments start to end,
   as a consumer that fell behind does (read-ahead carries it across segment boundaries);
   baseline: boto3 streamed GETs of the same objects one after the other.
@@ -259,9 +260,9 @@ def minimal_server(payload_size: int) -> tuple[subprocess.Popen[bytes], int]:
     raise SystemExit("the minimal server did not start")
 
 
-#: A naive read-through proxy, the floor of what any daemon on this machine can do for one
-#: sequential consumer: one streamed GET of the object from byte 0 (sent at the first fetch,
-#: as the daemon's is), its bytes kept in memory or written to a tmpfs file as they arrive,
+#: A naive read-through proxy, the most any daemon on this machine could do for one sequential
+#: consumer: one streamed GET of the object from byte 0 (sent at the first fetch,
+#: as the daemon's is), its bytes kept in memory or written to a file as they arrive,
 #: each 1 MiB fetch answered once its bytes are in (from memory with sendall, or from the file
 #: with sendfile). It checks nothing, caches nothing for anyone else, parses no record batch
 #: and reads nothing ahead: what it costs is moving the bytes, and nothing else.
@@ -331,7 +332,7 @@ NAIVE_PROXY = textwrap.dedent("""\
 def naive_proxy(url: str, size: int, staging: str, spool: Path
                 ) -> tuple[subprocess.Popen[bytes], int]:
     """`NAIVE_PROXY` for the object at presigned `url` (`size` bytes) in its own process,
-    staging in "memory" or a "tmpfs" file in `spool`; (process, port). It serves one
+    staging in "memory" or a "file" in `spool`; (process, port). It serves one
     connection."""
     proc = subprocess.Popen([sys.executable, "-c", NAIVE_PROXY, url, str(size), staging,
                              str(spool)], stdout=subprocess.PIPE)
@@ -730,7 +731,7 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
                                                      [segment], space)
         run.check_segments(segment, pieces)
         naive = {}
-        for staging in ("memory", "tmpfs"):
+        for staging in ("memory", "file"):
             daemon.settle()
             _total, base_s = run.boto3_stream(segment)
             naive[f"naive_proxy_{staging}_ratio"] = round(base_s / run.naive(segment, staging), 3)

@@ -22,7 +22,10 @@ Measures (MB/s are 10**6 bytes per second; every byte read is compared with the 
   beside the cache, on its filesystem, and sent as they arrive, nothing checked, cached or
   read ahead), each against a boto3 GET of its own: `naive_proxy_memory_ratio` and
   `naive_proxy_file_ratio` say how far any daemon on this machine could get with this
-  consumer.
+  consumer. `naive_proxy_checked_ratio` is the file-staging proxy doing, the plainest way,
+  what the daemon cannot leave out (every batch checked before it is served, the next
+  segment's first chunk read ahead, answers through http.server): the gap between it and
+  `ratio` is the cost of the daemon's own code.
 * sequential_catch_up: one consumer session reads `CATCH_UP` consecutive segments start to end,
   as a consumer that fell behind does (read-ahead carries it across segment boundaries);
   baseline: boto3 streamed GETs of the same objects one after the other.
@@ -266,44 +269,125 @@ def minimal_server(payload_size: int) -> tuple[subprocess.Popen[bytes], int]:
 #: each 1 MiB fetch answered once its bytes are in (from memory with sendall, or from the file
 #: with sendfile). It checks nothing, caches nothing for anyone else, parses no record batch
 #: and reads nothing ahead: what it costs is moving the bytes, and nothing else.
+#:
+#: Staging "checked" adds, to the file staging, the work the daemon cannot leave out, done the
+#: plainest way: every run of whole batches is checked (CRC-32C and structure, with the
+#: codec's header walk) before a fetch may have it; once the download reaches the object's
+#: last `chunk` bytes, the first `chunk` bytes of the next object are read ahead (own GET,
+#: own file, checked too); and the answers go through http.server, as the daemon's do. What
+#: separates it from the daemon is the daemon's own code: the cache, sessions, routing.
 NAIVE_PROXY = textwrap.dedent("""\
     import http.client, os, socket, sys, threading, urllib.parse
     url, size, staging, spool = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    checked = staging == "checked"
     where = urllib.parse.urlsplit(url)
-    server = socket.create_server(("127.0.0.1", 0))
-    print(server.getsockname()[1], flush=True)
-    memory = bytearray(size if staging == "memory" else 1 << 20)
-    view = memoryview(memory)
-    view[:] = bytes(len(memory))  # touched: no page faults while measured
+    if checked:
+        import http.server
+        from cache.chunks import whole_batches
+        from tiered.kafka.records import iter_batch_headers
+        next_url, chunk = sys.argv[5], int(sys.argv[6])
+    else:
+        server = socket.create_server(("127.0.0.1", 0))
+        print(server.getsockname()[1], flush=True)
+    def buffer(length):
+        view = memoryview(bytearray(length))
+        view[:] = bytes(length)  # touched: no page faults while measured
+        return view
+    memory = buffer(size if staging == "memory" else 2 << 20)
     fd = -1 if staging == "memory" else os.open(os.path.join(spool, "object"),
                                                   os.O_CREAT | os.O_RDWR | os.O_TRUNC)
     arrived = 0
     cond = threading.Condition()
-    def download():
+    def fail(err):  # the consumer sees the connection close
+        sys.stderr.write(f"naive proxy: the store read failed: {err!r}\\n")
+        os._exit(1)
+    def receive(link, length, out, view, checks, arrive):
+        # the first `length` bytes of the object at `link` into file `out` through `view`
+        # (or into `view`, all the object's memory); with `checks`, whole batches are
+        # checked before `arrive` counts them
+        store = http.client.HTTPConnection(link.hostname, link.port)
+        store.request("GET", link.path + "?" + link.query)
+        answer = store.getresponse()
+        got = held = 0
+        while got < length:
+            into = (view[got:got + (1 << 20)] if out < 0
+                    else view[held:held + min(1 << 20, length - got)])
+            n = answer.readinto(into)
+            if not n:
+                raise EOFError(f"HTTP {answer.status}, {got} of {length} bytes")
+            put = n if out < 0 else 0
+            while put < n:
+                put += os.write(out, into[put:n])
+            got += n
+            done = n
+            if checks:
+                held += n
+                done = whole_batches(view[:held])
+                for _batch in iter_batch_headers(view[:done]):
+                    pass
+                view[:held - done] = view[done:held]
+                held -= done
+            arrive(done)
+        store.close()
+    def arrive(n):
         global arrived
+        with cond:
+            arrived += n
+            cond.notify_all()
+    def read_ahead():
+        out = os.open(os.path.join(spool, "next"), os.O_CREAT | os.O_RDWR | os.O_TRUNC)
         try:
-            store = http.client.HTTPConnection(where.hostname, where.port)
-            store.request("GET", where.path + "?" + where.query)
-            answer = store.getresponse()
-            while arrived < size:
-                into = (view[arrived:arrived + (1 << 20)] if fd < 0
-                        else view[:min(1 << 20, size - arrived)])
-                n = answer.readinto(into)
-                if not n:
-                    raise EOFError(f"HTTP {answer.status}, {arrived} of {size} bytes")
-                put = n if fd < 0 else 0
-                while put < n:
-                    put += os.write(fd, into[put:n])
-                with cond:
-                    arrived += n
-                    cond.notify_all()
-        except Exception as err:  # the consumer sees the connection close
-            sys.stderr.write(f"naive proxy: the store read failed: {err!r}\\n")
-            os._exit(1)
+            receive(urllib.parse.urlsplit(next_url), chunk, out, buffer(2 << 20), True,
+                    lambda n: None)
+        except Exception as err:
+            fail(err)
+        os.close(out)
+    def download():
+        ahead = [not checked]
+        def counted(n):
+            arrive(n)
+            if not ahead[0] and arrived >= size - chunk:
+                ahead[0] = True
+                threading.Thread(target=read_ahead, daemon=True).start()
+        try:
+            receive(where, size, fd, memory, checked, counted)
+        except Exception as err:
+            fail(err)
+    started = False
+    def wait_for(pos, n):
+        global started
+        if not started:
+            threading.Thread(target=download, daemon=True).start()
+            started = True
+        with cond:
+            while arrived < pos + n:
+                cond.wait()
+    def send_file(sock, pos, n):
+        sent = 0
+        while sent < n:
+            sent += os.sendfile(sock.fileno(), fd, pos + sent, n - sent)
+    if checked:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+            def do_GET(self):
+                query = urllib.parse.parse_qs(self.path.partition("?")[2])
+                pos, n = int(query["offset"][0]), int(query["max_bytes"][0])
+                wait_for(pos, n)
+                self.send_response(200)
+                self.send_header("Content-Length", str(n))
+                self.send_header("X-Next-Offset", str(pos + n))
+                self.end_headers()
+                send_file(self.connection, pos, n)
+            def log_message(self, *args):
+                pass
+        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        print(server.server_address[1], flush=True)
+        server.handle_request()  # the one keep-alive connection
+        sys.exit(0)
     conn, _ = server.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     requests = conn.makefile("rb")
-    started = False
     while True:
         line = requests.readline()
         if not line:
@@ -312,30 +396,24 @@ NAIVE_PROXY = textwrap.dedent("""\
             pass
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(line.split()[1].decode()).query)
         pos, n = int(query["offset"][0]), int(query["max_bytes"][0])
-        if not started:
-            threading.Thread(target=download, daemon=True).start()
-            started = True
-        with cond:
-            while arrived < pos + n:
-                cond.wait()
+        wait_for(pos, n)
         conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nX-Next-Offset: %d\\r\\n\\r\\n"
                      % (n, pos + n))
         if fd < 0:
-            conn.sendall(view[pos:pos + n])
+            conn.sendall(memory[pos:pos + n])
         else:
-            sent = 0
-            while sent < n:
-                sent += os.sendfile(conn.fileno(), fd, pos + sent, n - sent)
+            send_file(conn, pos, n)
     """)
 
 
-def naive_proxy(url: str, size: int, staging: str, spool: Path
-                ) -> tuple[subprocess.Popen[bytes], int]:
+def naive_proxy(url: str, size: int, staging: str, spool: Path, next_url: str = "",
+                chunk: int = 0) -> tuple[subprocess.Popen[bytes], int]:
     """`NAIVE_PROXY` for the object at presigned `url` (`size` bytes) in its own process,
-    staging in "memory" or a "file" in `spool`; (process, port). It serves one
-    connection."""
+    staging in "memory", a "file" in `spool`, or "checked" (a file, reading `chunk` bytes of
+    the object at `next_url` ahead); (process, port). It serves one connection."""
+    extra = [next_url, str(chunk)] if staging == "checked" else []
     proc = subprocess.Popen([sys.executable, "-c", NAIVE_PROXY, url, str(size), staging,
-                             str(spool)], stdout=subprocess.PIPE)
+                             str(spool), *extra], stdout=subprocess.PIPE)
     assert proc.stdout is not None  # noqa: S101 - stdout=PIPE
     line = proc.stdout.readline()
     if not line:
@@ -543,10 +621,13 @@ class Run:
         `naive_proxy` staging in `staging` (started before the clock); the bytes are compared
         with the log afterwards."""
         _base, _end, size, key = self.segments[segment]
-        url = self.client.generate_presigned_url(
-            "get_object", Params={"Bucket": BUCKET, "Key": key}, ExpiresIn=600)
+        _b, _e, next_size, next_key = self.segments[min(segment + 1, len(self.segments) - 1)]
+        url, next_url = (self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": BUCKET, "Key": k}, ExpiresIn=600)
+            for k in (key, next_key))
         space = self.space_for([segment])
-        proc, port = naive_proxy(url, size, staging, self.cache_dir)
+        proc, port = naive_proxy(url, size, staging, self.cache_dir, next_url,
+                                 min(self.chunk, next_size))
         consumer = None
         try:
             consumer = LeanConsumer(port, "naive")
@@ -564,7 +645,8 @@ class Run:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            (self.cache_dir / "object").unlink(missing_ok=True)
+            for name in ("object", "next"):
+                (self.cache_dir / name).unlink(missing_ok=True)
         self.check_segments(segment, [space])
         return took
 
@@ -731,7 +813,7 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
                                                      [segment], space)
         run.check_segments(segment, pieces)
         naive = {}
-        for staging in ("memory", "file"):
+        for staging in ("memory", "file", "checked"):
             daemon.settle()
             _total, base_s = run.boto3_stream(segment)
             naive[f"naive_proxy_{staging}_ratio"] = round(base_s / run.naive(segment, staging), 3)

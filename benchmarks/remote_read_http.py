@@ -365,7 +365,10 @@ NAIVE_PROXY = textwrap.dedent("""\
     def send_file(sock, pos, n):
         sent = 0
         while sent < n:
-            sent += os.sendfile(sock.fileno(), fd, pos + sent, n - sent)
+            put = os.sendfile(sock.fileno(), fd, pos + sent, n - sent)
+            if not put:
+                raise EOFError(f"the staged file ends at {pos + sent}")
+            sent += put
     if checked:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"

@@ -304,7 +304,8 @@ NAIVE_PROXY = textwrap.dedent("""\
     def receive(link, length, out, view, checks, arrive):
         # the first `length` bytes of the object at `link` into file `out` through `view`
         # (or into `view`, all the object's memory); with `checks`, whole batches are
-        # checked before `arrive` counts them
+        # checked before `arrive` counts them (the leftover of a piece is one batch's start:
+        # 64 KiB here, so a 2 MiB view always has room for the next piece)
         store = http.client.HTTPConnection(link.hostname, link.port)
         store.request("GET", link.path + "?" + link.query)
         answer = store.getresponse()
@@ -328,6 +329,8 @@ NAIVE_PROXY = textwrap.dedent("""\
                 view[:held - done] = view[done:held]
                 held -= done
             arrive(done)
+        if checks and held and length == size:  # a fetch would wait for it for ever
+            raise EOFError(f"the object ends inside a batch ({held} bytes left over)")
         store.close()
     def arrive(n):
         global arrived
@@ -343,11 +346,12 @@ NAIVE_PROXY = textwrap.dedent("""\
             fail(err)
         os.close(out)
     def download():
-        ahead = [not checked]
+        ahead = not checked  # read ahead already (or never)
         def counted(n):
+            nonlocal ahead
             arrive(n)
-            if not ahead[0] and arrived >= size - chunk:
-                ahead[0] = True
+            if not ahead and arrived >= size - chunk:
+                ahead = True
                 threading.Thread(target=read_ahead, daemon=True).start()
         try:
             receive(where, size, fd, memory, checked, counted)

@@ -486,6 +486,7 @@ class ChunkCache:
         )
         self._release_holds(outcome.released)
         ahead = [seg.starts.index(c.start) for c in outcome.prefetch if c not in self._entries]
+        self._wake_next(reader, seg.key)
         running = self._streams.get((reader, seg.key))
         if running is not None and running.next_index > last:
             for (owner, _segment), other in self._streams.items():
@@ -867,8 +868,9 @@ class ChunkCache:
                     # segment's own stream is on its last chunk (the reader needs those
                     # first, and two requests at once share the bandwidth), or at once
                     # when the reader is already waiting for it
-                    before = self._streams.get((reader, stream.after))
-                    if index == 0 and (stream.due or before is None or before.on_last):
+                    before_seg = self._segments.get(stream.after)
+                    last = len(before_seg.starts) - 1 if before_seg is not None else 0
+                    if index == 0 and (stream.due or at[1] >= last):
                         self._readers.add_hold(reader, chunk)
                         break
                 elif at is not None and at[0] != seg.key:

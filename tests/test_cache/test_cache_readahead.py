@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -300,32 +301,32 @@ def test_a_full_disk_under_a_stream_fails_its_readers_instead_of_leaving_them_wa
         assert seg.read(starts[1], starts[1] + 100, reader="c") == data[starts[1]:starts[1] + 100]
 
 
-def test_the_next_segment_s_request_waits_for_this_segment_s_chunks(
+def test_the_next_segment_s_request_waits_for_the_reader_to_reach_the_last_chunk(
         tmp_path: Path, data: bytes) -> None:
-    """The next segment's first chunk is read ahead once this segment's stream is storing its
-    last chunk, not sooner: the reader needs this segment's chunks first, and two requests at
-    once would share the store's bandwidth."""
+    """The next segment's first chunk is read ahead once the reader reads in this segment's
+    last chunk, not sooner: until then the reader needs this segment's chunks, and on a busy
+    host the next request (and the store's work for it) would slow the reads before it."""
     key2 = KEY.replace("0-1023", "1024-2047")
     data2 = make_segment(batches=256, base_offset=1024)
     starts = layout(data, CHUNK)
-    hold = starts[-2] + 500  # inside the chunk before the last
-    cache, fetch, stream = open_cache(tmp_path, data, holds={hold: threading.Event()})
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=4)
     stream.objects[key2] = data2
-    opened: list[tuple[str, int]] = []
-    stream.on_open = lambda key: opened.append((key, cache.stats()["hydrated_chunks"]))
+    opened: list[str] = []
+    stream.on_open = opened.append
     with cache:
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
         seg2 = cache.open_segment(key2, len(data2), layout(data2, CHUNK), verifier(key2))
         at = starts[-3]
         seg.read(at, at + 100, reader="c")  # a miss: the stream starts here
-        seg.read(at + 100, at + 200, reader="c")  # sequential: it goes on, and stops at `hold`
+        seg.read(at + 100, at + 200, reader="c")  # sequential: it goes on to the end
         assert seg2.read_ahead("c", after=KEY)
-        stream.holds[hold].set()
-        wait_until(lambda: len(opened) == 2, "the next segment's request")
-        # chunks -3 and -2 were stored before the next segment's request went out
-        assert opened[0][0] == KEY and opened[1] == (key2, opened[1][1])
-        assert opened[1][1] >= 2
-        seg.read(at + 200, len(data), reader="c")
+        wait_until(lambda: cache.stats()["hydrated_chunks"] == 3, "this segment's chunks")
+        seg.read(at + 200, starts[-1] - 1, reader="c")  # up to the last chunk, not in it
+        time.sleep(0.2)
+        assert opened == [KEY]  # the next segment's request has not gone out
+        seg.read(starts[-1] - 1, starts[-1] + 100, reader="c")  # into the last chunk
+        wait_until(lambda: opened == [KEY, key2], "the next segment's request")
+        seg.read(starts[-1] + 100, len(data), reader="c")
         assert seg2.read(0, 3000, reader="c") == data2[:3000]
         assert fetch.calls == []
 

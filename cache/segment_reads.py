@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -260,14 +261,15 @@ class ChunkFiles:
         self._session = session
         self.size = size
         self.where = where
-        self._files: list[ChunkFile] = []
-        #: the descriptors opened, for the caller to close
+        self._files: list[tuple[ChunkFile, mmap.mmap]] = []
+        #: the descriptors opened and their mappings, for the caller to close
         self.fds: list[int] = []
+        self.mappings: list[mmap.mmap] = []
 
-    def _file(self, pos: int) -> ChunkFile:
-        for f in reversed(self._files):
-            if f.begin <= pos < f.end:
-                return f
+    def _file(self, pos: int) -> tuple[ChunkFile, mmap.mmap]:
+        for opened in reversed(self._files):
+            if opened[0].begin <= pos < opened[0].end:
+                return opened
         # read up to one byte short of the chunk's end: see Window._window_end
         i = bisect.bisect_right(self._handle.chunk_starts, pos)
         starts = self._handle.chunk_starts
@@ -275,26 +277,34 @@ class ChunkFiles:
         f = self._handle.open_chunk(pos, max(pos + 1, chunk_end - 1), reader=self._reader,
                                     session=self._session)
         self.fds.append(f.fd)
-        self._files.append(f)
-        return f
+        # headers are read from a mapping of the verified bytes, not with a read each, and
+        # the batches go out from it (`cache.pieces`). Chunk files are never changed in
+        # place, and `f.end` is within what is written, so every mapped byte is there
+        try:
+            mapping = mmap.mmap(f.fd, f.end - f.begin, prot=mmap.PROT_READ)
+        except (OSError, ValueError) as err:
+            raise TieredError(f"{self.where}: cannot map its cached chunk at byte {f.begin}: "
+                              f"{err}") from err
+        self.mappings.append(mapping)
+        self._files.append((f, mapping))
+        return f, mapping
 
     def headers(self, pos: int, offset: int) -> Iterator[BatchHeader]:
         """Batch headers from byte `pos` (a batch boundary) to the end, positions absolute."""
         size, where = self.size, self.where
-        page, page_at = b"", 0
+        begin, end, mapping = 0, 0, None
         while pos < size:
             if size - pos < BATCH_HEADER.size:
                 raise CorruptSegmentError(
                     f"truncated batch: {size - pos} bytes left, a header needs "
                     f"{BATCH_HEADER.size}", path=where, position=pos)
-            if not page_at <= pos <= page_at + len(page) - BATCH_HEADER.size:
-                f = self._file(pos)
-                page_at = pos
-                page = os.pread(f.fd, min(HEADER_PAGE, f.end - pos), pos - f.begin)
-                if len(page) < BATCH_HEADER.size:
+            if mapping is None or not begin <= pos < end:
+                f, mapping = self._file(pos)
+                begin, end = f.begin, f.end
+                if end - pos < BATCH_HEADER.size:
                     raise CorruptSegmentError("cached chunk is shorter than the segment",
                                               path=where, position=pos)
-            h = BatchHeader(pos, *BATCH_HEADER.unpack_from(page, pos - page_at))
+            h = BatchHeader(pos, *BATCH_HEADER.unpack_from(mapping, pos - begin))
             if h.magic != MAGIC_V2 or h.batch_length < MIN_BATCH_LENGTH or h.end_position > size:
                 raise CorruptSegmentError(
                     f"bad batch header (magic {h.magic}, length {h.batch_length}, "
@@ -305,9 +315,9 @@ class ChunkFiles:
     def pieces(self, begin: int, end: int) -> Iterator[FilePiece]:
         """Bytes [begin, end) as ranges of the chunk files holding them."""
         while begin < end:
-            f = self._file(begin)
+            f, mapping = self._file(begin)
             stop = min(end, f.end)
-            yield FilePiece(f.fd, begin - f.begin, stop - begin)
+            yield FilePiece(f.fd, begin - f.begin, stop - begin, mapping)
             begin = stop
 
 
@@ -415,7 +425,7 @@ class RemoteSegments:
                 for piece in files.pieces(span.begin, span.end):
                     out.add(piece)
         finally:
-            out.adopt(files.fds)
+            out.adopt(files.fds, files.mappings)
         if span.begin is not None and session:
             self._resume.put((reader, rs.key), (span.next_offset, span.end))
             starts, ahead = rs.handle.chunk_starts, self.cache.settings.chunk_prefetch

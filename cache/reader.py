@@ -91,6 +91,9 @@ LATEST_TIMESTAMP = -1
 #: polling every few ms must not cost two GETs per poll, and design invariant 7's grace period keeps
 #: objects a slightly stale manifest names readable
 METADATA_TTL_S = 1.0
+#: seconds a head manifest past its TTL still serves a fetch of offsets it holds while a fresh
+#: one is read in the background (capped by the GC grace period, which keeps its objects)
+REVALIDATE_S = 60.0
 
 
 class UnknownPartition(TieredError):
@@ -222,6 +225,9 @@ class Reader:
         self._ttl = metadata_ttl_s
         #: how long a head manifest may serve reads when it cannot be refreshed
         self._stale_head_s = config.cluster_seconds("cloud_storage_gc_grace_period_ms")
+        self._revalidate_s = min(REVALIDATE_S, self._stale_head_s)
+        #: head manifests being read in the background (`_refresh_head`)
+        self._refreshing: set[tuple[str, int, str]] = set()
         self._heads: Lru[tuple[str, int, str], tuple[float, PartitionManifest]] = Lru(1024)
         self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
         self._stats = ReaderStats()
@@ -458,7 +464,7 @@ class Reader:
         if not self.config.topic_config(topic).remote_read:
             self._count(out_of_range=1)
             raise RemoteReadDisabled(self._not_local(topic, partition, offset, lo))
-        m = self._head(topic, partition, local, required=True)
+        m = self._head(topic, partition, local, required=True, offset=offset)
         assert m is not None  # noqa: S101 - required=True raises instead
         return m
 
@@ -469,10 +475,14 @@ class Reader:
                 "disabled for the topic (redpanda.remote.read / cloud_storage_enable_remote_read)")
 
     def _head(
-        self, topic: str, partition: int, local: PartitionLog | None, *, required: bool
+        self, topic: str, partition: int, local: PartitionLog | None, *, required: bool,
+        offset: int | None = None,
     ) -> PartitionManifest | None:
         """The partition's head manifest (cached for the TTL); None, or UnknownPartition when
-        `required`, if the bucket has nothing for it."""
+        `required`, if the bucket has nothing for it. A fetch of `offset` that a cached head
+        past its TTL (but within `REVALIDATE_S`) holds is served from it while a fresh one is
+        read in the background: its objects stay readable for the GC grace period, and a
+        consumer's first fetch does not wait for a manifest before its data."""
         revision, count = self._revision(topic, local)
         if count is not None and partition >= count and local is None:
             raise UnknownPartition(f"{topic}-{partition}: the topic has {count} partitions")
@@ -480,6 +490,10 @@ class Reader:
         now = self._clock()
         hit = self._heads.get(key)
         if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        if (hit is not None and offset is not None and now - hit[0] < self._revalidate_s
+                and hit[1].log_start_offset <= offset <= hit[1].last_offset):
+            self._refresh_head(key)
             return hit[1]
         try:
             m, etag = self.manifests.load(topic, partition, revision)
@@ -502,6 +516,30 @@ class Reader:
             return None
         self._heads.put(key, (now, m))
         return m
+
+    def _refresh_head(self, key: tuple[str, int, str]) -> None:
+        """Read the head manifest `key` names again on a thread of its own (one at a time per
+        key); the next fetch finds it cached. A failure keeps the cached one, logged."""
+        with self._lock:
+            if key in self._refreshing:
+                return
+            self._refreshing.add(key)
+
+        def run() -> None:
+            topic, partition, revision = key
+            try:
+                m, etag = self.manifests.load(topic, partition, revision)
+                if etag is not None and m.last_offset >= 0:
+                    self._heads.put(key, (self._clock(), m))
+                else:  # gone from the bucket: the next fetch finds out itself
+                    self._heads.pop(key)
+            except Exception as err:  # the next fetch past the window reads it itself
+                log.info("%s-%d: background manifest refresh failed: %s", topic, partition, err)
+            finally:
+                with self._lock:
+                    self._refreshing.discard(key)
+
+        threading.Thread(target=run, name="reader-manifest", daemon=True).start()
 
     def _cached_start(self, topic: str, partition: int, local: PartitionLog | None
                       ) -> int | None:

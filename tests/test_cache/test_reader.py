@@ -33,6 +33,7 @@ from support.remote import (
     revision,
     write_log,
 )
+from support.waiting import wait_until
 
 from cache.reader import InvalidRequest, Reader, RemoteReadDisabled, UnknownPartition
 from manifests import keys
@@ -537,3 +538,54 @@ def test_a_consumer_s_first_fetch_asks_for_the_bytes_while_the_index_comes(
             offset = got.next_offset
     assert store.index_waited[:1] == [True]
     assert store.calls.get("get", 0) >= 1
+
+
+class _GatedManifests(CountingStore):
+    """Manifest GETs wait for `gate`; `manifest_gets` counts those that went through."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.manifest_gets = 0
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+        if key.endswith("/" + keys.PARTITION_MANIFEST_NAME):
+            assert self.gate.wait(10), "a manifest GET was held for ever"
+            self.manifest_gets += 1
+        return super().get(key, byte_range)
+
+
+def test_a_head_past_its_ttl_serves_what_it_holds_while_a_newer_one_is_read(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """Past its TTL, a cached head manifest still serves a fetch of offsets it holds (its
+    objects outlive it by the GC grace period) while the one another writer committed since is
+    read in the background: the fetch does not wait for the manifest. An offset only the newer
+    manifest holds is served from it once it is in, without another manifest GET."""
+    config = make_config(tmp_path)
+    end = write_log(config, batches=40)
+    archive(config, file_store)
+    drop_local_segments(config, below=end)
+    store = _GatedManifests(file_store)
+    now = [1000.0]
+    with Reader(config, store, local_log=LocalLog(config.log_dirs), clock=lambda: now[0],
+                metadata_ttl_s=1.0) as reader:
+        first = reader.fetch(TOPIC, 0, 0, 300)
+        assert first.source == "remote" and store.manifest_gets == 1
+        # another writer appends and archives; the local copies go, as retention would
+        end2 = write_log(config, batches=20, start_offset=end)
+        archive(config, file_store)
+        drop_local_segments(config, below=end2)
+        store.gate.clear()  # the bucket is slow to answer for manifests
+        now[0] += 5  # past the TTL, well within the grace period
+        with ThreadPoolExecutor(1) as pool:
+            again = pool.submit(reader.fetch, TOPIC, 0, 0, 300).result(timeout=10)
+        assert again.data == first.data and store.manifest_gets == 1
+        store.gate.set()
+        wait_until(lambda: store.manifest_gets == 2 and not reader._refreshing,
+                   "the background manifest refresh")
+        newer = reader.fetch(TOPIC, 0, end, 300)
+        assert newer.source == "remote" and newer.offset == end
+        assert [h.base_offset for h in iter_batch_headers(newer.data)][0] == end
+        assert store.manifest_gets == 2  # the refreshed head, not a new GET

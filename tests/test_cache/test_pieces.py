@@ -61,49 +61,50 @@ def _pieces(fd: int, data: bytes, *, mapped: bool) -> tuple[Pieces, bytes]:
     return out, want
 
 
-@pytest.mark.parametrize("mapped", [False, True], ids=["own mapping", "fetch's mapping"])
-def test_a_loopback_peer_gets_the_ranges_from_a_mapping(
-        loopback: tuple[socket.socket, socket.socket], data_file: tuple[int, bytes],
-        mapped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    conn, client = loopback
-    fd, data = data_file
-    assert pieces_module._mapped_is_cheaper(conn)
+@pytest.fixture
+def sendfile_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per `os.sendfile` call from here on."""
     calls: list[int] = []
     real = os.sendfile
     monkeypatch.setattr(pieces_module.os, "sendfile",
                         lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+    return calls
+
+
+def _sent(body: Pieces, ours: socket.socket, theirs: socket.socket) -> bytes:
+    """What `theirs` receives when `body` is sent on `ours`."""
     got: list[bytes] = []
-    reader = _drain(client, got)
-    body, want = _pieces(fd, data, mapped=mapped)
+    reader = _drain(theirs, got)
     with body:
-        body.send(conn)
-    conn.shutdown(socket.SHUT_WR)
+        body.send(ours)
+    ours.shutdown(socket.SHUT_WR)
     reader.join()
-    assert b"".join(got) == want
-    assert calls == []  # no sendfile to this peer
+    return b"".join(got)
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["own mapping", "fetch's mapping"])
+def test_a_loopback_peer_gets_the_ranges_from_a_mapping(
+        loopback: tuple[socket.socket, socket.socket], data_file: tuple[int, bytes],
+        mapped: bool, sendfile_calls: list[int]) -> None:
+    conn, client = loopback
+    fd, data = data_file
+    assert pieces_module._mapped_is_cheaper(conn)
+    body, want = _pieces(fd, data, mapped=mapped)
+    assert _sent(body, conn, client) == want
+    assert sendfile_calls == []  # no sendfile to this peer
 
 
 def test_a_peer_on_another_host_gets_the_ranges_with_sendfile(
-        data_file: tuple[int, bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+        data_file: tuple[int, bytes], sendfile_calls: list[int]) -> None:
     """A socket whose peer is not a loopback address (here a socket pair, which has no
     address) is sent file ranges with sendfile, mapping or not."""
     fd, data = data_file
     ours, theirs = socket.socketpair()
-    calls: list[int] = []
-    real = os.sendfile
-    monkeypatch.setattr(pieces_module.os, "sendfile",
-                        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
     try:
         assert not pieces_module._mapped_is_cheaper(ours)
-        got: list[bytes] = []
-        reader = _drain(theirs, got)
         body, want = _pieces(fd, data, mapped=True)
-        with body:
-            body.send(ours)
-        ours.shutdown(socket.SHUT_WR)
-        reader.join()
-        assert b"".join(got) == want
-        assert calls
+        assert _sent(body, ours, theirs) == want
+        assert sendfile_calls
     finally:
         ours.close()
         theirs.close()

@@ -74,8 +74,6 @@ log = logging.getLogger(__name__)
 #: segments whose (index, chunk plan, cache handle) stay in memory; an index is at most
 #: 10 MiB (`log.index.size.max.bytes`) and usually a few KiB
 INDEX_LRU_ENTRIES = 128
-#: bytes read at a batch position to get its header: with small batches one read holds many
-HEADER_PAGE = 4096
 #: consumer sessions whose position in a remote segment is remembered
 RESUME_ENTRIES = 4096
 
@@ -249,10 +247,11 @@ class Window:
 
 
 class ChunkFiles:
-    """One fetch's view of a segment object as open chunk files: batch headers come from small
-    reads at the batch positions (a batch never spans two chunks: chunks start at batch
-    boundaries), the batches themselves as file ranges. Chunks are opened through the cache in
-    walk order, so the reader's position and read-ahead move as with byte reads."""
+    """One fetch's view of a segment object as open chunk files: batch headers come from a
+    read-only mapping of each (a batch never spans two chunks: chunks start at batch
+    boundaries), the batches themselves as file ranges carrying that mapping. Chunks are
+    opened through the cache in walk order, so the reader's position and read-ahead move as
+    with byte reads."""
 
     def __init__(self, handle: SegmentHandle, reader: ReaderId | None, size: int,
                  where: str, *, session: bool) -> None:
@@ -394,7 +393,7 @@ class RemoteSegments:
         """Whole batches of `seg` from the one holding `offset` within `budget` bytes (see
         `take_batches`), added to `out` as ranges of the cache's chunk files (which adopts
         their descriptors); an exhausted span's next offset is the segment's end. Batch
-        headers are read with small reads of the chunk files; the batches themselves are not
+        headers are read from mappings of the chunk files; the batches themselves are not
         read here at all: the cache verified every one when it downloaded the chunk.
 
         With `session` (a named consumer), where the read stopped is remembered, and a read

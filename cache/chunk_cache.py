@@ -99,8 +99,6 @@ class _Stream:
     cancelled: bool = False
     #: the segment the reader finishes before this one (its first chunk comes meanwhile)
     after: str | None = None
-    #: it has started its segment's last chunk: the stream of the segment after may go
-    on_last: bool = False
     #: its reader waits for its first chunk (a stream of the segment after): go at once
     due: bool = False
 
@@ -690,9 +688,6 @@ class ChunkCache:
                 with self._cond:  # on it: a reader joining this chunk has not overtaken us
                     stream.next_index = index + 1
                     self._cond.notify_all()  # a reader waiting for it (_await_stream) joins now
-                    if index + 1 == len(seg.starts):
-                        stream.on_last = True
-                        self._wake_next(reader, seg.key)
                 try:
                     if body is None:
                         self._download(seg, index, entry)
@@ -864,10 +859,11 @@ class ChunkCache:
                     return None
                 at = self._readers.position(reader)
                 if at is not None and at[0] == stream.after and at[0] != seg.key:
-                    # the reader finishes the segment before: its next chunk, once that
-                    # segment's own stream is on its last chunk (the reader needs those
-                    # first, and two requests at once share the bandwidth), or at once
-                    # when the reader is already waiting for it
+                    # the reader finishes the segment before: its next chunk once the
+                    # reader reads in that segment's last chunk (it needs the chunks before
+                    # first, and this request's store work would slow their reads), or at
+                    # once when the reader is already waiting for it. Its reads wake us
+                    # (`_after_read`)
                     before_seg = self._segments.get(stream.after)
                     last = len(before_seg.starts) - 1 if before_seg is not None else 0
                     if index == 0 and (stream.due or at[1] >= last):

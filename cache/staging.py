@@ -125,7 +125,7 @@ class StagedChunk:
             raise _error(self.path, self.size, err) from err
         while piece:
             take = min(BLOCK - self._block_fill, len(piece))
-            self._block_crc = crc32c.crc32c(piece[:take], self._block_crc, 0)
+            self._block_crc = crc32c.crc32c(piece[:take], self._block_crc, gil_release_mode=0)
             self._block_fill += take
             piece = piece[take:]
             if self._block_fill == BLOCK:

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
+import os
+import socket
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.service import ArchiverStats
+from cache.pieces import FilePiece, Pieces
 from tiered.app.health import Health, JobCounters
 from tiered.app.http_server import MetricsServer, Response
 from tiered.app.metrics import (
@@ -312,6 +317,40 @@ def test_routes_get_method_raw_path_and_parsed_query() -> None:
         ("HEAD", "/v1/y", {"offset": ["1", "2"]}),
         ("DELETE", "/v1/z", {}),
     ]
+
+
+def test_a_file_body_leaves_with_its_headers_in_one_send(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer made of file ranges (a records fetch) goes out as one `sendmsg` of its
+    status line, headers and bytes: sent apart, each would wake the client on its own. The
+    Date header is still there, formatted."""
+    data = os.urandom(100_000)
+    path = tmp_path / "chunk"
+    path.write_bytes(data)
+    sends: list[int] = []
+    real = socket.socket.sendmsg
+
+    def counted(sock: socket.socket, buffers: list[memoryview], *args: object) -> int:
+        sends.append(len(buffers))
+        return real(sock, buffers, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "sendmsg", counted)
+
+    def route(method: str, path_: str, query: Mapping[str, Sequence[str]]) -> Response:
+        fd = os.open(path, os.O_RDONLY)
+        body = Pieces()
+        body.add(FilePiece(fd, 10, 50_000, mmap.mmap(fd, len(data), prot=mmap.PROT_READ)))
+        body.add(b"-")
+        body.adopt([fd], [p.mapping for p in body.parts
+                          if isinstance(p, FilePiece) and p.mapping is not None])
+        return 200, {"Content-Type": "application/octet-stream"}, body
+
+    with MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                       {"/v1/": route}) as srv:
+        status, headers, body = _request(srv.url + "/v1/records")
+    assert (status, body) == (200, data[10:50_010] + b"-")
+    assert headers["Content-Length"] == "50001" and headers["Date"].endswith(" GMT")
+    assert len(sends) == 1 and sends[0] == 3  # head, the range, the trailing bytes
 
 
 def test_a_failing_route_answers_500_and_other_methods_on_builtin_paths_405() -> None:

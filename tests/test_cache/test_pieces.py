@@ -1,5 +1,7 @@
 """`Pieces.send`: file ranges go out with sendfile to a peer on another host and from a mapping
-of the file to one on this host; either way the peer gets exactly the bytes, in order."""
+of the file to one on this host; either way the peer gets exactly the bytes, in order. Bytes
+and mapped ranges next to each other (a response's headers and its body) leave in one
+`sendmsg`, which may send part of them at a time."""
 
 from __future__ import annotations
 
@@ -71,12 +73,28 @@ def sendfile_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _sent(body: Pieces, ours: socket.socket, theirs: socket.socket) -> bytes:
-    """What `theirs` receives when `body` is sent on `ours`."""
+@pytest.fixture
+def sendmsg_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """(bytes offered, bytes sent) per `socket.sendmsg` call from here on."""
+    calls: list[tuple[int, int]] = []
+    real = socket.socket.sendmsg
+
+    def counted(sock: socket.socket, buffers: list[memoryview], *args: object) -> int:
+        sent = real(sock, buffers, *args)  # type: ignore[arg-type]
+        calls.append((sum(len(b) for b in buffers), sent))
+        return sent
+
+    monkeypatch.setattr(socket.socket, "sendmsg", counted)
+    return calls
+
+
+def _sent(body: Pieces, ours: socket.socket, theirs: socket.socket, head: bytes = b"",
+          tail: bytes = b"") -> bytes:
+    """What `theirs` receives when `body` is sent on `ours` between `head` and `tail`."""
     got: list[bytes] = []
     reader = _drain(theirs, got)
     with body:
-        body.send(ours)
+        body.send(ours, head=head, tail=tail)
     ours.shutdown(socket.SHUT_WR)
     reader.join()
     return b"".join(got)
@@ -120,3 +138,58 @@ def test_a_file_shorter_than_its_range_is_refused_before_it_is_mapped(
     body.add(FilePiece(fd, len(data) - 10, 100))
     with body, pytest.raises(ConnectionError, match="expected at least"):
         body.send(conn)
+
+
+def test_a_head_and_mapped_ranges_leave_in_one_sendmsg(
+        loopback: tuple[socket.socket, socket.socket], data_file: tuple[int, bytes],
+        sendmsg_calls: list[tuple[int, int]]) -> None:
+    """A response's headers, its body's bytes and mapped ranges, and what follows them go
+    out together: over loopback each send wakes the receiver."""
+    conn, client = loopback
+    fd, data = data_file
+    body, want = _pieces(fd, data, mapped=True)
+    assert _sent(body, conn, client, head=b"HTTP/1.1 200 OK\r\n\r\n", tail=b"!") == (
+        b"HTTP/1.1 200 OK\r\n\r\n" + want + b"!")
+    assert len(sendmsg_calls) == 1
+    assert sendmsg_calls[0] == (len(want) + 20, len(want) + 20)
+
+
+def test_a_send_the_socket_takes_part_of_goes_on_where_it_stopped(
+        loopback: tuple[socket.socket, socket.socket], tmp_path: Path,
+        sendmsg_calls: list[tuple[int, int]]) -> None:
+    """A socket with a timeout (as the HTTP server's are) takes what fits in its buffer per
+    call: the rest follows, every byte once and in order, across buffer boundaries."""
+    conn, client = loopback
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
+    conn.settimeout(10)
+    data = os.urandom(3 << 20)
+    path = tmp_path / "big"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapping = mmap.mmap(fd, len(data), prot=mmap.PROT_READ)
+        body = Pieces()
+        body.add(FilePiece(fd, 1, (1 << 20) - 1, mapping))
+        body.add(b"between")
+        body.add(FilePiece(fd, 1 << 20, 2 << 20, mapping))
+        body.adopt([], [mapping])
+        got = _sent(body, conn, client, head=b"head")
+        assert got == b"head" + data[1:1 << 20] + b"between" + data[1 << 20:]
+        assert any(sent < offered for offered, sent in sendmsg_calls)  # it did stop short
+    finally:
+        os.close(fd)
+
+
+def test_a_head_goes_before_a_range_sent_with_sendfile(
+        data_file: tuple[int, bytes], sendfile_calls: list[int]) -> None:
+    """To a peer on another host the head goes out first (held for the file's first pages),
+    then the ranges with sendfile, then the tail."""
+    fd, data = data_file
+    ours, theirs = socket.socketpair()
+    try:
+        body, want = _pieces(fd, data, mapped=False)
+        assert _sent(body, ours, theirs, head=b"H", tail=b"T") == b"H" + want + b"T"
+        assert sendfile_calls
+    finally:
+        ours.close()
+        theirs.close()

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,6 +38,8 @@ Response = tuple[int, Mapping[str, str], bytes | Pieces]
 Route = Callable[[str, str, Mapping[str, Sequence[str]]], Response]
 
 _TEXT = "text/plain; charset=utf-8"
+#: the last Date header formatted: (Unix second, text)
+_date: tuple[int, str] = (0, "")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -49,6 +52,8 @@ class _Handler(BaseHTTPRequestHandler):
     #: seconds a socket read or write may stall before the request is dropped, so a client
     #: that stops reading cannot hold a request thread (and the daemon's shutdown) for ever
     timeout = 60.0
+    #: the status line and headers `send_response` / `send_header` gathered (http.server's)
+    _headers_buffer: list[bytes]
 
     # http.server calls do_<METHOD>; any other method gets its own 501
     def do_GET(self) -> None:  # noqa: N802
@@ -111,16 +116,32 @@ class _Handler(BaseHTTPRequestHandler):
             if not any(name.lower() == "content-length" for name in headers):
                 size = body.size if isinstance(body, Pieces) else len(body)
                 self.send_header("Content-Length", str(size))
-            self.end_headers()
+            # the headers go out with the body's first bytes, not flushed on their own as
+            # `end_headers` would: over loopback each send wakes the client (`Pieces.send`)
+            self._headers_buffer.append(b"\r\n")
+            head = b"".join(self._headers_buffer)
+            self._headers_buffer = []
             if method == "HEAD":
-                return
-            if isinstance(body, Pieces):
-                body.send(self.connection)  # file ranges go out with sendfile
+                self.wfile.write(head)
+            elif isinstance(body, Pieces):
+                body.send(self.connection, head=head)
             else:
-                self.wfile.write(body)
+                self.wfile.write(head + body)
         finally:
             if isinstance(body, Pieces):
                 body.close()
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The Date header, formatted once a second rather than for every answer."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        global _date  # noqa: PLW0603 - a (second, text) pair swapped whole
+        now = int(time.time())
+        second, text = _date
+        if second != now:
+            text = super().date_time_string(now)
+            _date = (now, text)
+        return text
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
         log.debug("http: " + format, *args)

@@ -156,13 +156,21 @@ class Reply:
         return sum(len(p) if isinstance(p, bytes) else p.size for p in self.parts)
 
     def send(self, sock: socket.socket) -> None:
-        """Write the reply: bytes with sendall, record pieces with sendfile where the socket
-        allows (a TLS socket copies them through Python instead)."""
-        for part in self.parts:
-            if isinstance(part, Pieces):
-                part.send(sock)
-            else:
-                sock.sendall(part)
+        """Write the reply: each run of encoded bytes goes out with the record pieces after
+        it, and the bytes after the last pieces with them (`Pieces.send`: one `sendmsg`
+        where the socket allows)."""
+        pending: list[bytes] = []
+        for i, part in enumerate(self.parts):
+            if not isinstance(part, Pieces):
+                pending.append(part)
+                continue
+            rest = [p for p in self.parts[i + 1:] if isinstance(p, bytes)]
+            if len(rest) == len(self.parts) - i - 1:  # the last pieces
+                part.send(sock, head=b"".join(pending), tail=b"".join(rest))
+                return
+            part.send(sock, head=b"".join(pending))
+            pending = []
+        sock.sendall(b"".join(pending))
 
     def close(self) -> None:
         for part in self.parts:

@@ -484,11 +484,15 @@ class ChunkCache:
         )
         self._release_holds(outcome.released)
         ahead = [seg.starts.index(c.start) for c in outcome.prefetch if c not in self._entries]
-        self._wake_next(reader, seg.key)
+        if last >= len(seg.starts) - 1:
+            # the next segment's stream waits for its reader to read in this last chunk (see
+            # `_next_streamed`); woken on every read it would take the lock and the
+            # interpreter from the reader's own fetches for nothing
+            self._wake_next(reader, seg.key)
         running = self._streams.get((reader, seg.key))
         if running is not None and running.next_index > last:
             for (owner, _segment), other in self._streams.items():
-                if owner == reader:
+                if owner == reader and other.after != seg.key:
                     other.wake.notify()  # it waits for its reader to move on
             return []
         if not session:  # a one-off read (no consumer session) reads nothing ahead

@@ -305,7 +305,9 @@ def test_the_next_segment_s_request_waits_for_the_reader_to_reach_the_last_chunk
         tmp_path: Path, data: bytes) -> None:
     """The next segment's first chunk is read ahead once the reader reads in this segment's
     last chunk, not sooner: until then the reader needs this segment's chunks, and on a busy
-    host the next request (and the store's work for it) would slow the reads before it."""
+    host the next request (and the store's work for it) would slow the reads before it. The
+    reads before the last chunk do not even wake its stream (each wake-up takes the cache's
+    lock and the interpreter from the reader)."""
     key2 = KEY.replace("0-1023", "1024-2047")
     data2 = make_segment(batches=256, base_offset=1024)
     starts = layout(data, CHUNK)
@@ -320,10 +322,18 @@ def test_the_next_segment_s_request_waits_for_the_reader_to_reach_the_last_chunk
         seg.read(at, at + 100, reader="c")  # a miss: the stream starts here
         seg.read(at + 100, at + 200, reader="c")  # sequential: it goes on to the end
         assert seg2.read_ahead("c", after=KEY)
+        wakes: list[int] = []
+        waiting = cache._streams[("c", key2)].wake
+        notify = waiting.notify
+        waiting.notify = lambda n=1: wakes.append(n) or notify(n)  # type: ignore[method-assign,func-returns-value]
         wait_until(lambda: cache.stats()["hydrated_chunks"] == 3, "this segment's chunks")
-        seg.read(at + 200, starts[-1] - 1, reader="c")  # up to the last chunk, not in it
+        wait_until(lambda: ("c", KEY) not in cache._streams, "this segment's stream to end")
+        woken = len(wakes)  # its end wakes it once
+        for begin in range(at + 200, starts[-1] - 1, 1000):  # up to the last chunk, not in it
+            seg.read(begin, min(begin + 1000, starts[-1] - 1), reader="c")
         time.sleep(0.2)
         assert opened == [KEY]  # the next segment's request has not gone out
+        assert len(wakes) == woken
         seg.read(starts[-1] - 1, starts[-1] + 100, reader="c")  # into the last chunk
         wait_until(lambda: opened == [KEY, key2], "the next segment's request")
         seg.read(starts[-1] + 100, len(data), reader="c")

@@ -149,10 +149,16 @@ class SegmentHandle:
         """Start streaming this segment for `reader`, which is finishing segment `after` and
         reads on into this one: its first chunk comes at once, the rest as the reader
         arrives (see `ChunkCache`'s read-ahead). False when read-ahead is off, the first chunk
-        is already cached, or a stream runs."""
+        is already cached (or coming for another reader), or a stream runs. A first chunk
+        already there is held for `reader` instead, until it reads in this segment: another
+        reader moving past it would otherwise let eager eviction drop it, and this reader
+        fetch it again (with the request's first-byte wait) when it gets there."""
         cache, seg = self._cache, self._segment
         with cache._cond:
-            if not seg.starts or seg.chunk_ids[0] in cache._entries:
+            if not seg.starts:
+                return False
+            if seg.chunk_ids[0] in cache._entries:
+                cache._readers.add_hold(reader, seg.chunk_ids[0])
                 return False
             return cache._start_stream(seg, 0, reader, None, after=after)
 

@@ -215,6 +215,36 @@ def test_the_next_segment_s_first_chunk_comes_while_the_reader_finishes_this_one
         assert stream2.pos >= layout(data2, CHUNK)[1]
 
 
+def test_a_next_segment_s_first_chunk_another_reader_brought_is_held_for_this_one(
+        tmp_path: Path, data: bytes) -> None:
+    """Two sessions read neighbouring segments at once. The first chunk of the second
+    segment, which its own reader streamed, is held for the reader finishing the first
+    segment: eager eviction keeps it after its own reader moves on, and the other reader
+    reads it without a request when it gets there."""
+    key2 = KEY.replace("0-1023", "1024-2047")
+    data2 = make_segment(batches=256, base_offset=1024)
+    cache, fetch, stream = open_cache(tmp_path, data)
+    stream.objects[key2] = data2
+    fetch.objects[key2] = data2
+    with cache:
+        starts, starts2 = layout(data, CHUNK), layout(data2, CHUNK)
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg2 = cache.open_segment(key2, len(data2), starts2, verifier(key2))
+        assert seg2.read(0, 100, reader="b") == data2[:100]  # b streams the second segment
+        seg.read(0, 100, reader="a")
+        assert not seg2.read_ahead("a", after=KEY)  # there already: held, not streamed again
+        for begin in range(100, starts2[2], 1000):  # b moves on past its first chunk
+            seg2.read(begin, min(begin + 1000, starts2[2]), reader="b")
+        time.sleep(0.1)
+        assert cache.stats()["evictions"] > 0  # eager: what nobody holds goes
+        requests = len(stream.opened) + len(fetch.calls)
+        assert seg2.read(0, 3000, reader="a") == data2[:3000]
+        assert len(stream.opened) + len(fetch.calls) == requests  # a's first chunk was kept
+        seg2.read(3000, starts2[1] + 10, reader="a")  # a moves past it: it goes now
+        wait_until(lambda: not any(e.chunk.segment == key2 and e.chunk.start == 0
+                                   for e in cache._entries.values()), "the chunk to go")
+
+
 def read_file(f: ChunkFile) -> bytes:
     try:
         return os.pread(f.fd, f.end - f.begin, 0)

@@ -1,8 +1,9 @@
 """A fetch's bytes where they lie: pieces read from the local log, and ranges of open chunk
-files of the read cache, in order. The HTTP endpoint sends file ranges with `sendfile` (the
-bytes go from the page cache to the socket without passing through Python); other callers read
-them into one `bytes`. Chunk files were verified when they were downloaded, so a range of one
-is served as it is (docs/design.md, remote read)."""
+files of the read cache, in order. The HTTP and Kafka endpoints send them without passing the
+file ranges through Python (`Pieces.send`: sendfile, or a mapping to a peer on this host, with
+the response's own bytes in the same `sendmsg`); other callers read them into one `bytes`.
+Chunk files were verified when they were downloaded, so a range of one is served as it is
+(docs/design.md, remote read)."""
 
 from __future__ import annotations
 

@@ -108,6 +108,24 @@ def read_sequentially(cache: ChunkCache, data: bytes, step: int = 3000) -> bytes
     return bytes(out)
 
 
+KEY2 = KEY.replace("0-1023", "1024-2047")
+
+
+def with_next_segment(tmp_path: Path, data: bytes, **kwargs: Any
+                      ) -> tuple[ChunkCache, Fetcher, Streamer, bytes]:
+    """`open_cache` whose store also holds the segment after KEY, at KEY2: its bytes too."""
+    data2 = make_segment(batches=256, base_offset=1024)
+    cache, fetch, stream = open_cache(tmp_path, data, **kwargs)
+    stream.objects[KEY2] = fetch.objects[KEY2] = data2
+    return cache, fetch, stream, data2
+
+
+def open_both(cache: ChunkCache, data: bytes, data2: bytes
+              ) -> tuple[SegmentHandle, SegmentHandle]:
+    return (cache.open_segment(KEY, len(data), layout(data, CHUNK), verifier(KEY)),
+            cache.open_segment(KEY2, len(data2), layout(data2, CHUNK), verifier(KEY2)))
+
+
 def test_a_sequential_reader_costs_one_streamed_request(tmp_path: Path, data: bytes) -> None:
     cache, fetch, stream = open_cache(tmp_path, data)
     with cache:
@@ -193,16 +211,10 @@ def test_the_next_segment_s_first_chunk_comes_while_the_reader_finishes_this_one
         tmp_path: Path, data: bytes) -> None:
     """Read-ahead crosses a segment boundary: the next segment's first chunk is streamed and
     held (eager eviction keeps it) while the reader is still in the segment before it."""
-    key2 = KEY.replace("0-1023", "1024-2047")
-    data2 = make_segment(batches=256, base_offset=1024)
-    cache, fetch, stream = open_cache(tmp_path, data)
-    stream.objects[key2] = data2
-    fetch.objects[key2] = data2
+    cache, fetch, stream, data2 = with_next_segment(tmp_path, data)
     with cache:
-        starts = layout(data, CHUNK)
-        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
-        seg2 = cache.open_segment(key2, len(data2), layout(data2, CHUNK), verifier(key2))
-        last = starts[-1]
+        seg, seg2 = open_both(cache, data, data2)
+        last = seg.chunk_starts[-1]
         seg.read(last, last + 100, reader="c")
         seg.read(last + 100, last + 200, reader="c")  # sequential, in the last chunk
         assert seg2.read_ahead("c", after=KEY)
@@ -221,15 +233,10 @@ def test_a_next_segment_s_first_chunk_another_reader_brought_is_held_for_this_on
     segment, which its own reader streamed, is held for the reader finishing the first
     segment: eager eviction keeps it after its own reader moves on, and the other reader
     reads it without a request when it gets there."""
-    key2 = KEY.replace("0-1023", "1024-2047")
-    data2 = make_segment(batches=256, base_offset=1024)
-    cache, fetch, stream = open_cache(tmp_path, data)
-    stream.objects[key2] = data2
-    fetch.objects[key2] = data2
+    cache, fetch, stream, data2 = with_next_segment(tmp_path, data)
     with cache:
-        starts, starts2 = layout(data, CHUNK), layout(data2, CHUNK)
-        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
-        seg2 = cache.open_segment(key2, len(data2), starts2, verifier(key2))
+        seg, seg2 = open_both(cache, data, data2)
+        starts2 = seg2.chunk_starts
         assert seg2.read(0, 100, reader="b") == data2[:100]  # b streams the second segment
         seg.read(0, 100, reader="a")
         assert not seg2.read_ahead("a", after=KEY)  # there already: held, not streamed again
@@ -241,7 +248,7 @@ def test_a_next_segment_s_first_chunk_another_reader_brought_is_held_for_this_on
         assert seg2.read(0, 3000, reader="a") == data2[:3000]
         assert len(stream.opened) + len(fetch.calls) == requests  # a's first chunk was kept
         seg2.read(3000, starts2[1] + 10, reader="a")  # a moves past it: it goes now
-        wait_until(lambda: not any(e.chunk.segment == key2 and e.chunk.start == 0
+        wait_until(lambda: not any(e.chunk.segment == KEY2 and e.chunk.start == 0
                                    for e in cache._entries.values()), "the chunk to go")
 
 
@@ -338,22 +345,18 @@ def test_the_next_segment_s_request_waits_for_the_reader_to_reach_the_last_chunk
     host the next request (and the store's work for it) would slow the reads before it. The
     reads before the last chunk do not even wake its stream (each wake-up takes the cache's
     lock and the interpreter from the reader)."""
-    key2 = KEY.replace("0-1023", "1024-2047")
-    data2 = make_segment(batches=256, base_offset=1024)
-    starts = layout(data, CHUNK)
-    cache, fetch, stream = open_cache(tmp_path, data, prefetch=4)
-    stream.objects[key2] = data2
+    cache, fetch, stream, data2 = with_next_segment(tmp_path, data, prefetch=4)
     opened: list[str] = []
     stream.on_open = opened.append
     with cache:
-        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
-        seg2 = cache.open_segment(key2, len(data2), layout(data2, CHUNK), verifier(key2))
+        seg, seg2 = open_both(cache, data, data2)
+        starts = seg.chunk_starts
         at = starts[-3]
         seg.read(at, at + 100, reader="c")  # a miss: the stream starts here
         seg.read(at + 100, at + 200, reader="c")  # sequential: it goes on to the end
         assert seg2.read_ahead("c", after=KEY)
         wakes: list[int] = []
-        waiting = cache._streams[("c", key2)].wake
+        waiting = cache._streams[("c", KEY2)].wake
         notify = waiting.notify
         waiting.notify = lambda n=1: wakes.append(n) or notify(n)  # type: ignore[method-assign,func-returns-value]
         wait_until(lambda: cache.stats()["hydrated_chunks"] == 3, "this segment's chunks")
@@ -365,7 +368,7 @@ def test_the_next_segment_s_request_waits_for_the_reader_to_reach_the_last_chunk
         assert opened == [KEY]  # the next segment's request has not gone out
         assert len(wakes) == woken
         seg.read(starts[-1] - 1, starts[-1] + 100, reader="c")  # into the last chunk
-        wait_until(lambda: opened == [KEY, key2], "the next segment's request")
+        wait_until(lambda: opened == [KEY, KEY2], "the next segment's request")
         seg.read(starts[-1] + 100, len(data), reader="c")
         assert seg2.read(0, 3000, reader="c") == data2[:3000]
         assert fetch.calls == []

@@ -149,6 +149,8 @@ class _Gathered:
                     batch = [partial, *buffers[first + 1:first + _MAX_BUFFERS]]
                     sent = self._sock.sendmsg(batch, (), flags)
                     del batch
+                if not sent:  # not a TCP socket's answer to bytes offered; never spin on it
+                    raise ConnectionError("the socket took none of the bytes offered")
                 sent += rest
                 while first < len(buffers) and sent >= len(buffers[first]):
                     sent -= len(buffers[first])

@@ -193,3 +193,19 @@ def test_a_head_goes_before_a_range_sent_with_sendfile(
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_socket_that_takes_nothing_is_an_error_not_a_spin() -> None:
+    """`sendmsg` answering 0 for bytes offered is not progress: the send gives up."""
+
+    class Stuck:
+        def getpeername(self) -> tuple[str, int]:
+            return ("127.0.0.1", 9)
+
+        def sendmsg(self, buffers: list[memoryview], *args: object) -> int:
+            return 0
+
+    body = Pieces()
+    body.add(b"some bytes")
+    with body, pytest.raises(ConnectionError, match="took none"):
+        body.send(Stuck(), head=b"head")  # type: ignore[arg-type]

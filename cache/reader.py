@@ -527,10 +527,14 @@ class Reader:
 
         def run() -> None:
             topic, partition, revision = key
+            started = self._clock()  # its age: the bucket may change while it is read
             try:
                 m, etag = self.manifests.load(topic, partition, revision)
+                cached = self._heads.get(key)
+                if cached is not None and cached[0] > started:
+                    return  # a fetch read a newer one meanwhile: keep that
                 if etag is not None and m.last_offset >= 0:
-                    self._heads.put(key, (self._clock(), m))
+                    self._heads.put(key, (started, m))
                 else:  # gone from the bucket: the next fetch finds out itself
                     self._heads.pop(key)
             except Exception as err:  # the next fetch past the window reads it itself

@@ -589,3 +589,33 @@ def test_a_head_past_its_ttl_serves_what_it_holds_while_a_newer_one_is_read(
         assert newer.source == "remote" and newer.offset == end
         assert [h.base_offset for h in iter_batch_headers(newer.data)][0] == end
         assert store.manifest_gets == 2  # the refreshed head, not a new GET
+
+
+def test_a_background_head_refresh_never_replaces_a_head_a_fetch_read_after_it_began(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """A head read in the background that answers late is older than one a fetch read while it
+    was in flight: the newer stays cached, not the late one."""
+    config = make_config(tmp_path)
+    end = write_log(config, batches=40)
+    archive(config, file_store)
+    drop_local_segments(config, below=end)
+    store = _GatedManifests(file_store)
+    now = [1000.0]
+    with Reader(config, store, local_log=LocalLog(config.log_dirs), clock=lambda: now[0],
+                metadata_ttl_s=1.0) as reader:
+        reader.fetch(TOPIC, 0, 0, 300)
+        store.gate.clear()
+        now[0] += 5  # past the TTL: the next fetch starts a background refresh
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(reader.fetch, TOPIC, 0, 0, 300).result(timeout=10)
+        (key,) = reader._refreshing
+        cached = reader._heads.get(key)
+        assert cached is not None
+        now[0] += 1
+        reader._heads.put(key, (now[0], cached[1]))  # what a fetch read meanwhile
+        store.gate.set()
+        wait_until(lambda: not reader._refreshing, "the background manifest refresh")
+        kept = reader._heads.get(key)
+        assert kept is not None and kept[0] == now[0] and kept[1] is cached[1]
+        assert store.manifest_gets == 2  # the refresh did read one: it was older, so dropped

@@ -9,9 +9,11 @@ by `test_reader_http.py` and `test_fetch_cli.py`.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from cache.reader import InvalidRequest, Reader, RemoteReadDisabled, UnknownPart
 from manifests import keys
 from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest
+from tiered.config import Config
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 from tiered.kafka.checkpoints import topic_id_to_str
 from tiered.kafka.local_log import LocalLog, TopicPartition
@@ -556,13 +559,11 @@ class _GatedManifests(CountingStore):
         return super().get(key, byte_range)
 
 
-def test_a_head_past_its_ttl_serves_what_it_holds_while_a_newer_one_is_read(
-    tmp_path: Path, file_store: ObjectStore
-) -> None:
-    """Past its TTL, a cached head manifest still serves a fetch of offsets it holds (its
-    objects outlive it by the GC grace period) while the one another writer committed since is
-    read in the background: the fetch does not wait for the manifest. An offset only the newer
-    manifest holds is served from it once it is in, without another manifest GET."""
+@contextlib.contextmanager
+def _archived_reader(tmp_path: Path, file_store: ObjectStore
+                     ) -> Iterator[tuple[Reader, _GatedManifests, list[float], Config, int]]:
+    """40 batches archived and gone from the local log; a reader on a gated store with a
+    settable clock: (reader, store, [now], config, the log end)."""
     config = make_config(tmp_path)
     end = write_log(config, batches=40)
     archive(config, file_store)
@@ -571,6 +572,17 @@ def test_a_head_past_its_ttl_serves_what_it_holds_while_a_newer_one_is_read(
     now = [1000.0]
     with Reader(config, store, local_log=LocalLog(config.log_dirs), clock=lambda: now[0],
                 metadata_ttl_s=1.0) as reader:
+        yield reader, store, now, config, end
+
+
+def test_a_head_past_its_ttl_serves_what_it_holds_while_a_newer_one_is_read(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """Past its TTL, a cached head manifest still serves a fetch of offsets it holds (its
+    objects outlive it by the GC grace period) while the one another writer committed since is
+    read in the background: the fetch does not wait for the manifest. An offset only the newer
+    manifest holds is served from it once it is in, without another manifest GET."""
+    with _archived_reader(tmp_path, file_store) as (reader, store, now, config, end):
         first = reader.fetch(TOPIC, 0, 0, 300)
         assert first.source == "remote" and store.manifest_gets == 1
         # another writer appends and archives; the local copies go, as retention would
@@ -596,14 +608,7 @@ def test_a_background_head_refresh_never_replaces_a_head_a_fetch_read_after_it_b
 ) -> None:
     """A head read in the background that answers late is older than one a fetch read while it
     was in flight: the newer stays cached, not the late one."""
-    config = make_config(tmp_path)
-    end = write_log(config, batches=40)
-    archive(config, file_store)
-    drop_local_segments(config, below=end)
-    store = _GatedManifests(file_store)
-    now = [1000.0]
-    with Reader(config, store, local_log=LocalLog(config.log_dirs), clock=lambda: now[0],
-                metadata_ttl_s=1.0) as reader:
+    with _archived_reader(tmp_path, file_store) as (reader, store, now, _config, _end):
         reader.fetch(TOPIC, 0, 0, 300)
         store.gate.clear()
         now[0] += 5  # past the TTL: the next fetch starts a background refresh

@@ -624,3 +624,33 @@ def test_a_background_head_refresh_never_replaces_a_head_a_fetch_read_after_it_b
         kept = reader._heads.get(key)
         assert kept is not None and kept[0] == now[0] and kept[1] is cached[1]
         assert store.manifest_gets == 2  # the refresh did read one: it was older, so dropped
+
+
+
+def test_a_stale_head_is_read_again_only_after_the_fetch_has_asked_for_its_data(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """The background read of a head past its TTL starts once the fetch served from it has
+    asked for its bytes, not before: building that request would hold the interpreter while
+    the fetch builds the one its consumer waits for."""
+    with _archived_reader(tmp_path, file_store) as (reader, store, now, _config, end):
+        reader.fetch(TOPIC, 0, 0, 300)
+        refreshing_at_data: list[bool] = []
+        data_get = store.get
+
+        def get(key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+            if key.endswith(".log"):
+                refreshing_at_data.append(bool(reader._refreshing))
+            return data_get(key, byte_range)
+
+        store.get = get  # type: ignore[method-assign]
+        store.gate.clear()  # a refresh, once started, stays in flight
+        now[0] += 5  # past the TTL: the fetch is served from the cached head
+        with ThreadPoolExecutor(1) as pool:
+            fetched = pool.submit(reader.fetch, TOPIC, 0, end // 2, 300).result(timeout=10)
+        assert fetched.source == "remote" and refreshing_at_data  # a segment not read yet
+        assert not any(refreshing_at_data)
+        assert reader._refreshing  # started once the fetch was done with the store
+        store.gate.set()
+        wait_until(lambda: store.manifest_gets == 2 and not reader._refreshing,
+                   "the background manifest refresh")

@@ -94,8 +94,11 @@ METADATA_TTL_S = 1.0
 #: seconds a head manifest past its TTL still serves a fetch of offsets it holds while a fresh
 #: one is read in the background (capped by the GC grace period, which keeps its objects)
 REVALIDATE_S = 60.0
-#: a cached head manifest's key: (topic, partition, revision)
-_HeadKey = tuple[str, int, str]
+#: seconds a background head refresh waits before it starts: the fetch that found the head
+#: stale sends its own requests first (botocore builds a request in about 2 ms of Python that
+#: holds the interpreter), and a consumer's first fetch of a segment then waits on the store,
+#: when the refresh costs it nothing
+REFRESH_AFTER_S = 0.005
 
 
 class UnknownPartition(TieredError):
@@ -209,6 +212,7 @@ class Reader:
         cache: ChunkCache | None = None,
         clock: Callable[[], float] = time.monotonic,
         metadata_ttl_s: float = METADATA_TTL_S,
+        refresh_after_s: float = REFRESH_AFTER_S,
     ) -> None:
         """`local_log` None: nothing is local (a reader beside no broker). `cache` None: a
         `ChunkCache` in `config.cache_dir` configured from the cluster properties, owned (and
@@ -228,9 +232,10 @@ class Reader:
         #: how long a head manifest may serve reads when it cannot be refreshed
         self._stale_head_s = config.cluster_seconds("cloud_storage_gc_grace_period_ms")
         self._revalidate_s = min(REVALIDATE_S, self._stale_head_s)
+        self._refresh_after_s = refresh_after_s
         #: head manifests being read in the background (`_refresh_head`)
-        self._refreshing: set[_HeadKey] = set()
-        self._heads: Lru[_HeadKey, tuple[float, PartitionManifest]] = Lru(1024)
+        self._refreshing: set[tuple[str, int, str]] = set()
+        self._heads: Lru[tuple[str, int, str], tuple[float, PartitionManifest]] = Lru(1024)
         self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
         self._stats = ReaderStats()
         self._lock = threading.Lock()
@@ -460,15 +465,13 @@ class Reader:
 
     def _remote_for(
         self, topic: str, partition: int, local: PartitionLog | None, offset: int,
-        lo: int | None, refresh_due: list[_HeadKey] | None = None,
+        lo: int | None,
     ) -> PartitionManifest:
-        """The head manifest to serve `offset` from, or the error saying why not (see
-        `_head` for `refresh_due`)."""
+        """The head manifest to serve `offset` from, or the error saying why not."""
         if not self.config.topic_config(topic).remote_read:
             self._count(out_of_range=1)
             raise RemoteReadDisabled(self._not_local(topic, partition, offset, lo))
-        m = self._head(topic, partition, local, required=True, offset=offset,
-                       refresh_due=refresh_due)
+        m = self._head(topic, partition, local, required=True, offset=offset)
         assert m is not None  # noqa: S101 - required=True raises instead
         return m
 
@@ -480,16 +483,13 @@ class Reader:
 
     def _head(
         self, topic: str, partition: int, local: PartitionLog | None, *, required: bool,
-        offset: int | None = None, refresh_due: list[_HeadKey] | None = None,
+        offset: int | None = None,
     ) -> PartitionManifest | None:
         """The partition's head manifest (cached for the TTL); None, or UnknownPartition when
         `required`, if the bucket has nothing for it. A fetch of `offset` that a cached head
         past its TTL (but within `REVALIDATE_S`) holds is served from it while a fresh one is
         read in the background: its objects stay readable for the GC grace period, and a
-        consumer's first fetch does not wait for a manifest before its data. With
-        `refresh_due`, that background read is left to the caller (the head's key is added to
-        the list) to start once its own requests are out: the refresh's request-building
-        would otherwise hold the interpreter while the fetch sends the request it waits for."""
+        consumer's first fetch does not wait for a manifest before its data."""
         revision, count = self._revision(topic, local)
         if count is not None and partition >= count and local is None:
             raise UnknownPartition(f"{topic}-{partition}: the topic has {count} partitions")
@@ -500,10 +500,7 @@ class Reader:
             return hit[1]
         if (hit is not None and offset is not None and now - hit[0] < self._revalidate_s
                 and hit[1].log_start_offset <= offset <= hit[1].last_offset):
-            if refresh_due is not None:
-                refresh_due.append(key)
-            else:
-                self._refresh_head(key)
+            self._refresh_head(key)
             return hit[1]
         try:
             m, etag = self.manifests.load(topic, partition, revision)
@@ -527,9 +524,10 @@ class Reader:
         self._heads.put(key, (now, m))
         return m
 
-    def _refresh_head(self, key: _HeadKey) -> None:
+    def _refresh_head(self, key: tuple[str, int, str]) -> None:
         """Read the head manifest `key` names again on a thread of its own (one at a time per
-        key); the next fetch finds it cached. A failure keeps the cached one, logged."""
+        key), `REFRESH_AFTER_S` from now; the next fetch finds it cached. A failure keeps the
+        cached one, logged."""
         with self._lock:
             if key in self._refreshing:
                 return
@@ -553,7 +551,9 @@ class Reader:
                 with self._lock:
                     self._refreshing.discard(key)
 
-        threading.Thread(target=run, name="reader-manifest", daemon=True).start()
+        timer = threading.Timer(self._refresh_after_s, run)
+        timer.name, timer.daemon = "reader-manifest", True
+        timer.start()
 
     def _cached_start(self, topic: str, partition: int, local: PartitionLog | None
                       ) -> int | None:
@@ -617,18 +617,6 @@ class Reader:
         self, topic: str, partition: int, offset: int, max_bytes: int, reader_id: Hashable,
         session: bool,
     ) -> FetchedPieces:
-        due: list[_HeadKey] = []  # a stale head to read again once the fetch's data is asked
-        try:
-            return self._fetch_from(topic, partition, offset, max_bytes, reader_id, session,
-                                    due)
-        finally:
-            for key in due:
-                self._refresh_head(key)
-
-    def _fetch_from(
-        self, topic: str, partition: int, offset: int, max_bytes: int, reader_id: Hashable,
-        session: bool, refresh_due: list[_HeadKey],
-    ) -> FetchedPieces:
         local, lo, hi = self._local_range(topic, partition, offset)
         m: PartitionManifest | None = None
         if lo is not None and hi is not None and lo <= offset < hi:
@@ -645,7 +633,7 @@ class Reader:
                 f"{topic}-{partition}: offset {offset} is at or past the log end {hi} "
                 f"(readable offsets: {self._bounds_text(first, hi)}{older})")
         else:
-            m = self._remote_for(topic, partition, local, offset, lo, refresh_due)
+            m = self._remote_for(topic, partition, local, offset, lo)
             start = m.log_start_offset if lo is None else min(lo, m.log_start_offset)
             end = hi if hi is not None else m.next_offset
             gap = lo is not None and m.next_offset < lo

@@ -544,23 +544,25 @@ def test_a_consumer_s_first_fetch_asks_for_the_bytes_while_the_index_comes(
 
 
 class _GatedManifests(CountingStore):
-    """Manifest GETs wait for `gate`; `manifest_gets` counts those that went through."""
+    """Manifest GETs wait for `gate`; `manifest_gets` counts those that went through,
+    `manifest_waits` those that came to the gate."""
 
     def __init__(self, inner: ObjectStore) -> None:
         super().__init__(inner)
         self.gate = threading.Event()
         self.gate.set()
-        self.manifest_gets = 0
+        self.manifest_gets = self.manifest_waits = 0
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
         if key.endswith("/" + keys.PARTITION_MANIFEST_NAME):
+            self.manifest_waits += 1
             assert self.gate.wait(10), "a manifest GET was held for ever"
             self.manifest_gets += 1
         return super().get(key, byte_range)
 
 
 @contextlib.contextmanager
-def _archived_reader(tmp_path: Path, file_store: ObjectStore
+def _archived_reader(tmp_path: Path, file_store: ObjectStore, **reader_options: Any
                      ) -> Iterator[tuple[Reader, _GatedManifests, list[float], Config, int]]:
     """40 batches archived and gone from the local log; a reader on a gated store with a
     settable clock: (reader, store, [now], config, the log end)."""
@@ -571,7 +573,7 @@ def _archived_reader(tmp_path: Path, file_store: ObjectStore
     store = _GatedManifests(file_store)
     now = [1000.0]
     with Reader(config, store, local_log=LocalLog(config.log_dirs), clock=lambda: now[0],
-                metadata_ttl_s=1.0) as reader:
+                metadata_ttl_s=1.0, **reader_options) as reader:
         yield reader, store, now, config, end
 
 
@@ -615,6 +617,7 @@ def test_a_background_head_refresh_never_replaces_a_head_a_fetch_read_after_it_b
         with ThreadPoolExecutor(1) as pool:
             pool.submit(reader.fetch, TOPIC, 0, 0, 300).result(timeout=10)
         (key,) = reader._refreshing
+        wait_until(lambda: store.manifest_waits == 2, "the background refresh's GET")
         cached = reader._heads.get(key)
         assert cached is not None
         now[0] += 1
@@ -626,31 +629,27 @@ def test_a_background_head_refresh_never_replaces_a_head_a_fetch_read_after_it_b
         assert store.manifest_gets == 2  # the refresh did read one: it was older, so dropped
 
 
-
-def test_a_stale_head_is_read_again_only_after_the_fetch_has_asked_for_its_data(
+def test_a_stale_head_is_read_again_after_the_fetch_sent_its_own_requests(
     tmp_path: Path, file_store: ObjectStore
 ) -> None:
-    """The background read of a head past its TTL starts once the fetch served from it has
-    asked for its bytes, not before: building that request would hold the interpreter while
-    the fetch builds the one its consumer waits for."""
-    with _archived_reader(tmp_path, file_store) as (reader, store, now, _config, end):
+    """The background read of a head past its TTL waits `REFRESH_AFTER_S` (here longer): the
+    fetch served from that head sends its own requests first, without a manifest request
+    being built beside them."""
+    with _archived_reader(tmp_path, file_store, refresh_after_s=0.5) as (
+            reader, store, now, _config, end):
         reader.fetch(TOPIC, 0, 0, 300)
-        refreshing_at_data: list[bool] = []
+        manifest_gets_at_data: list[int] = []
         data_get = store.get
 
         def get(key: str, byte_range: tuple[int, int] | None = None) -> Blob:
             if key.endswith(".log"):
-                refreshing_at_data.append(bool(reader._refreshing))
+                manifest_gets_at_data.append(store.manifest_gets)
             return data_get(key, byte_range)
 
         store.get = get  # type: ignore[method-assign]
-        store.gate.clear()  # a refresh, once started, stays in flight
         now[0] += 5  # past the TTL: the fetch is served from the cached head
-        with ThreadPoolExecutor(1) as pool:
-            fetched = pool.submit(reader.fetch, TOPIC, 0, end // 2, 300).result(timeout=10)
-        assert fetched.source == "remote" and refreshing_at_data  # a segment not read yet
-        assert not any(refreshing_at_data)
-        assert reader._refreshing  # started once the fetch was done with the store
-        store.gate.set()
+        fetched = reader.fetch(TOPIC, 0, end // 2, 300)  # a segment not read yet
+        assert fetched.source == "remote" and set(manifest_gets_at_data) == {1}
+        assert reader._refreshing and store.manifest_gets == 1  # due, not sent yet
         wait_until(lambda: store.manifest_gets == 2 and not reader._refreshing,
                    "the background manifest refresh")

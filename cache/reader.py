@@ -235,6 +235,8 @@ class Reader:
         self._refresh_after_s = refresh_after_s
         #: head manifests being read in the background (`_refresh_head`)
         self._refreshing: set[tuple[str, int, str]] = set()
+        #: those still waiting their `REFRESH_AFTER_S`, cancelled by `close`
+        self._refresh_timers: dict[tuple[str, int, str], threading.Timer] = {}
         self._heads: Lru[tuple[str, int, str], tuple[float, PartitionManifest]] = Lru(1024)
         self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
         self._stats = ReaderStats()
@@ -259,6 +261,10 @@ class Reader:
         return reader
 
     def close(self) -> None:
+        with self._lock:
+            timers = list(self._refresh_timers.values())
+        for timer in timers:  # a refresh due after the close would read through a closed store
+            timer.cancel()
         if self._owns_cache:
             self.cache.close()
         for owned in self._owned:
@@ -534,6 +540,8 @@ class Reader:
             self._refreshing.add(key)
 
         def run() -> None:
+            with self._lock:
+                self._refresh_timers.pop(key, None)
             topic, partition, revision = key
             started = self._clock()  # its age: the bucket may change while it is read
             try:
@@ -553,6 +561,8 @@ class Reader:
 
         timer = threading.Timer(self._refresh_after_s, run)
         timer.name, timer.daemon = "reader-manifest", True
+        with self._lock:
+            self._refresh_timers[key] = timer
         timer.start()
 
     def _cached_start(self, topic: str, partition: int, local: PartitionLog | None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -653,3 +654,16 @@ def test_a_stale_head_is_read_again_after_the_fetch_sent_its_own_requests(
         assert reader._refreshing and store.manifest_gets == 1  # due, not sent yet
         wait_until(lambda: store.manifest_gets == 2 and not reader._refreshing,
                    "the background manifest refresh")
+
+
+def test_closing_a_reader_cancels_a_head_refresh_not_started_yet(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    with _archived_reader(tmp_path, file_store, refresh_after_s=0.3) as (
+            reader, store, now, _config, _end):
+        reader.fetch(TOPIC, 0, 0, 300)
+        now[0] += 5  # past the TTL: the next fetch makes a refresh due
+        reader.fetch(TOPIC, 0, 0, 300)
+        assert reader._refresh_timers
+    time.sleep(0.6)  # past when it was due
+    assert store.manifest_waits == 1  # the first fetch's only

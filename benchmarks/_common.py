@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -422,14 +422,17 @@ class DaemonProcess:
     on construction; `ready` (called until it holds, for 60 s) says it is serving."""
 
     def __init__(self, config: Path, log_path: Path,
-                 ready: Callable[[DaemonProcess], bool] | None = None) -> None:
+                 ready: Callable[[DaemonProcess], bool] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        """`env`: variables set for the daemon on top of this process's (e.g. PYTHONPATH to run
+        another source tree's code)."""
         self.port = free_port()
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from tiered.cli.main import main; main()", "run",
              "--config", str(config), "--metrics-port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env())
+            stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env() | dict(env or {}))
         check = ready or DaemonProcess.healthy
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

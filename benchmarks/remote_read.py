@@ -18,6 +18,8 @@ written with `LogWriter`, archived into the bucket by the real archiver, and rea
 
 `python benchmarks/remote_read.py http` measures the same through a real `tiered run` and its
 HTTP endpoint instead, against raw boto3 and a trivial HTTP server (see remote_read_http.py).
+`python benchmarks/remote_read.py ab --a TREE --b TREE` runs two versions of the daemon side by
+side on its single-segment figure (see remote_read_ab.py).
 
 Every fetched byte is compared with the local file (outside the timed sections). Prints one
 JSON object; progress goes to stderr. Latencies are milliseconds, throughputs MB/s (10**6).
@@ -337,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         from remote_read_http import run_http
 
         emit(run_http(argv[1:]))
+        return 0
+    if argv[:1] == ["ab"]:  # two versions of the daemon side by side: remote_read_ab.py
+        from remote_read_ab import run_ab
+
+        emit(run_ab(argv[1:]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="segment size, MiB")

@@ -73,3 +73,34 @@ def test_remote_read_http_benchmark_reports_every_figure() -> None:
     assert report["sequential_catch_up"]["segments"] == 3
     assert report["concurrent"]["consumers"] == 8
     assert report["active_segment"]["big_active_bytes"] == 4 * 1024 * 1024
+
+
+@pytest.mark.timeout(300)
+def test_remote_read_ab_benchmark_compares_two_trees_run_for_run() -> None:
+    """`remote_read.py ab`: two daemons, each importing its own tree (here both this one),
+    alternate single-segment runs; every byte they served was compared with the log."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "remote_read.py"), "ab", "--segment-mb",
+         "3", "--chunk-mb", "1", "--prefetch", "2", "--pairs", "2",
+         "--a", str(REPO), "--b", str(REPO)],
+        capture_output=True, text=True, env=env, timeout=280, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["benchmark"] == "remote_read ab"
+    assert report["trees"] == {"a": str(REPO), "b": str(REPO)}
+    for side in ("a", "b"):
+        assert len(report[side]["runs"]) == 2
+        assert all(r["tiered_mb_per_s"] > 0 and r["ratio"] > 0 for r in report[side]["runs"])
+    assert 0 <= report["b_minus_a"]["b_won"] <= 2
+
+
+def test_remote_read_ab_benchmark_refuses_a_directory_that_is_not_a_tree(
+        tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "remote_read.py"), "ab", "--b",
+         str(tmp_path)], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "is not a tiered source tree" in proc.stderr and "Traceback" not in proc.stderr

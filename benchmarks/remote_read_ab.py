@@ -105,8 +105,8 @@ def _alternate(run: Run, daemons: dict[str, DaemonProcess], runs: int) -> dict[s
                            "daemon_cpu_ms": round(cpu * 1000)})
     out: dict[str, Any] = {}
     for side, got in rows.items():
-        out[side] = {key: statistics.median(r[key] for r in got) for key in got[0]} | {
-            "runs": got}
+        out[side] = {key: round(statistics.median(r[key] for r in got), 3) for key in got[0]
+                     } | {"runs": got}
     pairs = list(zip(rows["a"], rows["b"], strict=True))
     out["b_minus_a"] = {
         "tiered_mb_per_s": round(statistics.median(

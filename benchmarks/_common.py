@@ -7,6 +7,7 @@ throughput arithmetic and the one-JSON-object output the benchmarks share.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -394,6 +395,22 @@ def own_cpu_s() -> float:
     """User and system CPU seconds of this process (every thread) so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer of at least `minimum` (a clear usage error, not a
+    traceback later in the set-up, for anything else)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def daemon_config(*, bucket: str, endpoint: str, log_dir: Path, cache_dir: Path,

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import MB, SHM, DaemonProcess, MotoServer, progress, versions
+from _common import MB, SHM, DaemonProcess, MotoServer, at_least, progress, versions
 from remote_read_http import BUCKET, Run
 
 
@@ -41,13 +41,11 @@ def run_ab(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="remote_read.py ab", description=__doc__)
     parser.add_argument("--a", default=str(here), help="source tree of daemon A (a checkout)")
     parser.add_argument("--b", default=str(here), help="source tree of daemon B (a checkout)")
-    parser.add_argument("--pairs", type=int, default=8, help="runs per side")
-    parser.add_argument("--segment-mb", type=int, default=62)
-    parser.add_argument("--chunk-mb", type=int, default=16)
-    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--pairs", type=at_least(1), default=8, help="runs per side")
+    parser.add_argument("--segment-mb", type=at_least(1), default=62)
+    parser.add_argument("--chunk-mb", type=at_least(1), default=16)
+    parser.add_argument("--prefetch", type=at_least(0), default=4)
     args = parser.parse_args(argv)
-    if args.pairs < 1:
-        parser.error("--pairs must be at least 1")
     trees = {"a": _tree(parser, args.a), "b": _tree(parser, args.b)}
     # what remote_read_http's Run expects; the big active segment and trials are not used
     setup = argparse.Namespace(segment_mb=args.segment_mb, segments=4 * args.pairs + 3,

@@ -83,6 +83,7 @@ from _common import (
     DaemonProcess,
     MotoServer,
     archive_everything,
+    at_least,
     daemon_config,
     free_port,
     own_cpu_s,
@@ -690,15 +691,15 @@ class Run:
 
 def run_http(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="remote_read.py http", description=__doc__)
-    parser.add_argument("--segment-mb", type=int, default=62)
-    parser.add_argument("--segments", type=int, default=ROLES_SPACED,
+    parser.add_argument("--segment-mb", type=at_least(1), default=62)
+    parser.add_argument("--segments", type=at_least(1), default=ROLES_SPACED,
                         help="archived segments of partition 0: warm, 3 sequential, 3 "
                              "catching up, 8 concurrent, cold; each role's own with an unread "
                              f"one after it at {ROLES_SPACED} or more, shared below")
-    parser.add_argument("--chunk-mb", type=int, default=16)
-    parser.add_argument("--prefetch", type=int, default=4)
-    parser.add_argument("--big-active-mb", type=int, default=256)
-    parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--chunk-mb", type=at_least(1), default=16)
+    parser.add_argument("--prefetch", type=at_least(0), default=4)
+    parser.add_argument("--big-active-mb", type=at_least(1), default=256)
+    parser.add_argument("--trials", type=at_least(1), default=7)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cache-on-disk", action="store_true",
                         help="put the read cache in the work directory, not on tmpfs")

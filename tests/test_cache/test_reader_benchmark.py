@@ -104,3 +104,14 @@ def test_remote_read_ab_benchmark_refuses_a_directory_that_is_not_a_tree(
          str(tmp_path)], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "is not a tiered source tree" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["http", "--segment-mb", "0"], ["ab", "--pairs", "0"],
+                                  ["ab", "--chunk-mb", "-1"], ["http", "--prefetch", "x"]])
+def test_remote_read_http_and_ab_refuse_sizes_out_of_range(args: list[str]) -> None:
+    """A size they cannot run with is a usage error, not a traceback from the set-up."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "remote_read.py"), *args],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert args[1] in proc.stderr

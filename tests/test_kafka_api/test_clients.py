@@ -7,10 +7,12 @@ restarted (its committed offsets are in the bucket)."""
 
 from __future__ import annotations
 
+import collections
+import logging
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import confluent_kafka
 import kafka
@@ -36,6 +38,49 @@ pytestmark = pytest.mark.timeout(300)
 PARTITIONS = (0, 1)
 #: a loop waiting for a client gives up after this long (a bound, never an assertion)
 PATIENCE_S = 120.0
+#: kafka-python's metadata refresh period here. Its default (5 min) is how long a consumer
+#: stays without partitions when its request for a subscribed topic's metadata is lost (its
+#: cluster state clears a pending update when an earlier request's answer lands); a short
+#: period makes the client ask again within the test's patience.
+KP_METADATA_MAX_AGE_MS = 2_000
+#: log records of the clients and the daemon kept for a failure's message
+TRACE_RECORDS = 400
+
+
+class _Trace(logging.Handler):
+    """The last log records, at DEBUG, of the Kafka clients and the daemon: what a test that
+    waited in vain says about where the client stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: collections.deque[str] = collections.deque(maxlen=TRACE_RECORDS)
+        self.setFormatter(logging.Formatter("%(relativeCreated)9.0f %(threadName)s "
+                                            "%(name)s %(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith("kafka.metrics"):
+            return  # a line per sensor made, nothing about progress
+        self.lines.append(self.format(record)[:500])
+
+
+_TRACE = _Trace()
+
+
+@pytest.fixture(autouse=True)
+def _traced() -> Iterator[None]:
+    """Each test's trace: the clients' and the daemon's loggers at DEBUG into `_TRACE`."""
+    _TRACE.lines.clear()
+    loggers = [logging.getLogger(name) for name in ("kafka", "tiered.app.kafka_api")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(_TRACE)
+        lg.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.removeHandler(_TRACE)
+            lg.setLevel(level)
 
 
 def _ends(history: History) -> dict[int, int]:
@@ -52,10 +97,14 @@ def _ck_rec(m: confluent_kafka.Message) -> Rec:
                tuple((k, v) for k, v in (m.headers() or [])))
 
 
-def _until(done: Callable[[], bool], step: Callable[[], None]) -> None:
+def _until(done: Callable[[], bool], step: Callable[[], None],
+           state: Callable[[], str] = lambda: "") -> None:
     deadline = time.monotonic() + PATIENCE_S
     while not done():
-        assert time.monotonic() < deadline, "the client stopped making progress"
+        if time.monotonic() >= deadline:
+            trace = "\n".join(_TRACE.lines)
+            pytest.fail(f"the client stopped making progress: {state()}\n"
+                        f"the last log records:\n{trace}")
         step()
 
 
@@ -70,7 +119,8 @@ def _crosses_the_boundary(history: History) -> None:
 
 def _kp_consumer(daemon: Daemon, **kw: object) -> kafka.KafkaConsumer:
     return kafka.KafkaConsumer(bootstrap_servers=bootstrap(daemon), client_id="kp-test",
-                               request_timeout_ms=60_000, **kw)
+                               request_timeout_ms=60_000,
+                               metadata_max_age_ms=KP_METADATA_MAX_AGE_MS, **kw)
 
 
 def _kp_read(consumer: kafka.KafkaConsumer, stop: Callable[[dict[int, list[Rec]]], bool]
@@ -81,7 +131,13 @@ def _kp_read(consumer: kafka.KafkaConsumer, stop: Callable[[dict[int, list[Rec]]
         for tp, messages in consumer.poll(timeout_ms=500, max_records=50).items():
             got[tp.partition].extend(_kp_rec(m) for m in messages)
 
-    _until(lambda: stop(got), step)
+    def state() -> str:
+        assigned = consumer.assignment()
+        return (f"assigned {sorted(assigned)}, positions "
+                f"{ {tp.partition: consumer.position(tp, timeout_ms=1000) for tp in assigned} }, "
+                f"records got {({p: len(r) for p, r in got.items()})}")
+
+    _until(lambda: stop(got), step, state)
     return got
 
 
@@ -155,7 +211,12 @@ def _ck_read(consumer: confluent_kafka.Consumer, stop: Callable[[dict[int, list[
             assert m.error() is None, m.error()
             got[m.partition()].append(_ck_rec(m))
 
-    _until(lambda: stop(got), step)
+    def state() -> str:
+        positions = consumer.position(consumer.assignment())
+        return (f"positions {[(tp.partition, tp.offset) for tp in positions]}, "
+                f"records got {({p: len(r) for p, r in got.items()})}")
+
+    _until(lambda: stop(got), step, state)
     return got
 
 

@@ -102,8 +102,12 @@ def _until(done: Callable[[], bool], step: Callable[[], None],
     deadline = time.monotonic() + PATIENCE_S
     while not done():
         if time.monotonic() >= deadline:
+            try:
+                where = state()
+            except Exception as exc:  # a stuck client may fail this too: the trace still helps
+                where = f"(its state could not be read: {exc!r})"
             trace = "\n".join(_TRACE.lines)
-            pytest.fail(f"the client stopped making progress: {state()}\n"
+            pytest.fail(f"the client stopped making progress: {where}\n"
                         f"the last log records:\n{trace}")
         step()
 

@@ -237,6 +237,8 @@ class Reader:
         self._refreshing: set[tuple[str, int, str]] = set()
         #: those still waiting their `REFRESH_AFTER_S`, cancelled by `close`
         self._refresh_timers: dict[tuple[str, int, str], threading.Timer] = {}
+        #: set by `close`: no refresh starts after it
+        self._closing = False
         self._heads: Lru[tuple[str, int, str], tuple[float, PartitionManifest]] = Lru(1024)
         self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
         self._stats = ReaderStats()
@@ -262,6 +264,7 @@ class Reader:
 
     def close(self) -> None:
         with self._lock:
+            self._closing = True
             timers = list(self._refresh_timers.values())
         for timer in timers:  # a refresh due after the close would read through a closed store
             timer.cancel()
@@ -534,10 +537,6 @@ class Reader:
         """Read the head manifest `key` names again on a thread of its own (one at a time per
         key), `REFRESH_AFTER_S` from now; the next fetch finds it cached. A failure keeps the
         cached one, logged."""
-        with self._lock:
-            if key in self._refreshing:
-                return
-            self._refreshing.add(key)
 
         def run() -> None:
             with self._lock:
@@ -559,11 +558,14 @@ class Reader:
                 with self._lock:
                     self._refreshing.discard(key)
 
-        timer = threading.Timer(self._refresh_after_s, run)
-        timer.name, timer.daemon = "reader-manifest", True
-        with self._lock:
+        with self._lock:  # registered in one step: `close` cancels every refresh not begun
+            if self._closing or key in self._refreshing:
+                return
+            self._refreshing.add(key)
+            timer = threading.Timer(self._refresh_after_s, run)
+            timer.name, timer.daemon = "reader-manifest", True
             self._refresh_timers[key] = timer
-        timer.start()
+        timer.start()  # a timer cancelled before it starts never runs `run`
 
     def _cached_start(self, topic: str, partition: int, local: PartitionLog | None
                       ) -> int | None:

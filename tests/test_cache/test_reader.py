@@ -656,28 +656,22 @@ def test_a_stale_head_is_read_again_after_the_fetch_sent_its_own_requests(
                    "the background manifest refresh")
 
 
-def test_closing_a_reader_cancels_a_head_refresh_not_started_yet(
-    tmp_path: Path, file_store: ObjectStore
+@pytest.mark.parametrize("asked", ["before the close", "while it closes"])
+def test_closing_a_reader_cancels_or_refuses_a_head_refresh_not_started_yet(
+    tmp_path: Path, file_store: ObjectStore, asked: str
 ) -> None:
+    """A refresh waiting its delay is cancelled by `close`; one asked for by a fetch racing
+    the close never starts."""
     with _archived_reader(tmp_path, file_store, refresh_after_s=0.3) as (
             reader, store, now, _config, _end):
         reader.fetch(TOPIC, 0, 0, 300)
         now[0] += 5  # past the TTL: the next fetch makes a refresh due
-        reader.fetch(TOPIC, 0, 0, 300)
-        assert reader._refresh_timers
+        if asked == "before the close":
+            reader.fetch(TOPIC, 0, 0, 300)
+            assert reader._refresh_timers
+        else:
+            reader.close()
+            reader._refresh_head(next(iter(reader._heads._data)))
+            assert not reader._refresh_timers
     time.sleep(0.6)  # past when it was due
-    assert store.manifest_waits == 1  # the first fetch's only
-
-
-def test_a_head_refresh_asked_for_while_the_reader_closes_never_starts(
-    tmp_path: Path, file_store: ObjectStore
-) -> None:
-    with _archived_reader(tmp_path, file_store, refresh_after_s=0.05) as (
-            reader, store, now, _config, _end):
-        reader.fetch(TOPIC, 0, 0, 300)
-        now[0] += 5  # past the TTL
-        reader.close()
-        reader._refresh_head(next(iter(reader._heads._data)))  # as a fetch racing the close
-        assert not reader._refresh_timers
-    time.sleep(0.3)  # past when it would have been due
     assert store.manifest_waits == 1  # the first fetch's only

@@ -434,20 +434,39 @@ dir = "{cache_dir}"
             + f"\n[cluster]\nstorage_min_free_bytes = 0\n{cluster.strip()}\n")
 
 
+#: `python -c` runs `tiered run` with the source tree given as its first argument (if any)
+#: ahead of everything on sys.path. PYTHONPATH is not enough: `-c` puts the working directory
+#: first, so a daemon started from another checkout would import that checkout's code. It
+#: refuses to start when a package still comes from elsewhere.
+_LAUNCH = """\
+import sys
+from pathlib import Path
+tree = sys.argv.pop(1)
+if tree:
+    sys.path.insert(0, tree)
+    import archiver, cache, manifests, tiered
+    for package in (archiver, cache, manifests, tiered):
+        if not Path(package.__file__).resolve().is_relative_to(Path(tree).resolve()):
+            sys.exit(f"{package.__name__} was imported from {package.__file__}, not {tree}")
+from tiered.cli.main import main
+main()
+"""
+
+
 class DaemonProcess:
     """`tiered run` as a child process: its metrics/HTTP port, its CPU time, its log. Started
     on construction; `ready` (called until it holds, for 60 s) says it is serving."""
 
     def __init__(self, config: Path, log_path: Path,
                  ready: Callable[[DaemonProcess], bool] | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
-        """`env`: variables set for the daemon on top of this process's (e.g. PYTHONPATH to run
-        another source tree's code)."""
+                 env: Mapping[str, str] | None = None, tree: Path | None = None) -> None:
+        """`env`: variables set for the daemon on top of this process's; `tree`: a source
+        tree whose code the daemon runs instead of the installed one."""
         self.port = free_port()
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from tiered.cli.main import main; main()", "run",
+            [sys.executable, "-c", _LAUNCH, str(tree or ""), "run",
              "--config", str(config), "--metrics-port", str(self.port)],
             stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env() | dict(env or {}))
         check = ready or DaemonProcess.healthy

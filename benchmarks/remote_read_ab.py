@@ -65,10 +65,9 @@ def run_ab(argv: list[str]) -> dict[str, Any]:
             text = (work / "tiered.toml").read_text()
             (work / "b.toml").write_text(text.replace(str(run.cache_dir), str(cache_b)))
             daemons = {"a": DaemonProcess(work / "tiered.toml", work / "a.log",
-                                          env={"PYTHONPATH": str(trees["a"])})}
+                                          tree=trees["a"])}
             try:
-                daemons["b"] = DaemonProcess(work / "b.toml", work / "b.log",
-                                             env={"PYTHONPATH": str(trees["b"])})
+                daemons["b"] = DaemonProcess(work / "b.toml", work / "b.log", tree=trees["b"])
                 report |= _alternate(run, daemons, 2 * args.pairs)
             finally:
                 for daemon in daemons.values():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,22 +76,39 @@ def test_remote_read_http_benchmark_reports_every_figure() -> None:
     assert report["active_segment"]["big_active_bytes"] == 4 * 1024 * 1024
 
 
+#: the packages a daemon runs, copied into a second tree for the A/B test
+PACKAGES = ("tiered", "archiver", "cache", "manifests", "spark_jobs")
+
+
 @pytest.mark.timeout(300)
-def test_remote_read_ab_benchmark_compares_two_trees_run_for_run() -> None:
-    """`remote_read.py ab`: two daemons, each importing its own tree (here both this one),
-    alternate single-segment runs; every byte they served was compared with the log."""
-    env = dict(os.environ)
+def test_remote_read_ab_benchmark_compares_two_trees_run_for_run(tmp_path: Path) -> None:
+    """`remote_read.py ab`: two daemons, each running its own tree's code, alternate
+    single-segment runs; every byte they served was compared with the log. Run from this
+    checkout's root, as the tool is documented, daemon B must still run the copy given as
+    `--b` (whose marked `tiered/__init__.py` says so), not the checkout it was started in."""
+    tree_b = tmp_path / "tree-b"
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tree_b / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    marks = tmp_path / "imported-from"
+    with (tree_b / "tiered" / "__init__.py").open("a") as init:
+        init.write("\nimport os as _os\n"
+                   "if _os.environ.get('AB_MARKS'):\n"
+                   "    with open(_os.environ['AB_MARKS'], 'a') as _marks:\n"
+                   "        _marks.write(__file__ + '\\n')\n")
+    env = dict(os.environ, AB_MARKS=str(marks))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "remote_read.py"), "ab", "--segment-mb",
          "3", "--chunk-mb", "1", "--prefetch", "2", "--pairs", "2",
-         "--a", str(REPO), "--b", str(REPO)],
-        capture_output=True, text=True, env=env, timeout=280, check=False,
+         "--a", str(REPO), "--b", str(tree_b)],
+        capture_output=True, text=True, env=env, timeout=280, check=False, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["benchmark"] == "remote_read ab"
-    assert report["trees"] == {"a": str(REPO), "b": str(REPO)}
+    assert report["trees"] == {"a": str(REPO), "b": str(tree_b)}
+    assert marks.read_text().splitlines() == [str(tree_b / "tiered" / "__init__.py")]
     for side in ("a", "b"):
         assert len(report[side]["runs"]) == 2
         assert all(r["tiered_mb_per_s"] > 0 and r["ratio"] > 0 for r in report[side]["runs"])

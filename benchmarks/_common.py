@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -459,16 +459,15 @@ class DaemonProcess:
 
     def __init__(self, config: Path, log_path: Path,
                  ready: Callable[[DaemonProcess], bool] | None = None,
-                 env: Mapping[str, str] | None = None, tree: Path | None = None) -> None:
-        """`env`: variables set for the daemon on top of this process's; `tree`: a source
-        tree whose code the daemon runs instead of the installed one."""
+                 tree: Path | None = None) -> None:
+        """`tree`: a source tree whose code the daemon runs instead of the installed one."""
         self.port = free_port()
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _LAUNCH, str(tree or ""), "run",
              "--config", str(config), "--metrics-port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env() | dict(env or {}))
+            stdout=self._log, stderr=subprocess.STDOUT, env=fake_aws_env())
         check = ready or DaemonProcess.healthy
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -203,12 +203,22 @@ cloud_storage_initial_backoff_ms = 5
             _append(log_dir, rng.randint(15, 30), rng, topic_id)  # the broker keeps writing
 
         _observe(log_dir, seen)
-        for _ in range(10):  # each pass may bound its uploads per partition
+        # each pass may bound its uploads per partition. A daemon killed just after it renewed
+        # its node's record but before it took any lease leaves `archive --once` on standby
+        # ("uploader: none yet") until that record's lease lapses: wait that out
+        lease_s = config.cluster_int("cloud_storage_upload_lease_ms", 30_000) / 1000
+        lapsed = time.monotonic() + lease_s + 15
+        while True:
             done = CliRunner().invoke(cli, ["-q", "archive", "--once", "--config",
                                             str(config_path), "--json"])
             assert done.exit_code == 0, f"seed {seed}: {done.output}"
-            if json.loads(done.stdout)["uploaded_segments"] == 0:
+            report = json.loads(done.stdout)
+            standby = [part for part in report["partitions"] if part["decision"] == "standby"]
+            if report["uploaded_segments"] == 0 and not standby:
                 break
+            assert time.monotonic() < lapsed, f"seed {seed}: still on standby: {standby}"
+            if report["uploaded_segments"] == 0:
+                time.sleep(0.5)
 
         final = _check_manifests(store, mstore, log_dir, seen, f"seed {seed}, final", set())
         for p in range(PARTITIONS):

@@ -8,5 +8,6 @@ eviction strategies.
     eviction     eager / capped / predictive / lru, registered by name in STRATEGIES
     readers      per-reader holds, sequential detection, registered future needs
     entries      what the cache keeps per segment and per cached file
+    mapped       a chunk file opened and mapped once, shared by the fetches that read it
     disk         on-disk layout, atomic writes, the restart index
 """

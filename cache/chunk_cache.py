@@ -30,10 +30,12 @@ that `close()` stops.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,6 +50,7 @@ from cache.download import ByteStream, Fetcher, Streamer, Verifier, fetch_verifi
 from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheError, CacheFullError
 from cache.eviction import ChunkId, ChunkView, SegmentSnapshot, make_strategy
+from cache.mapped import MappedFile
 from cache.readers import ReaderId, ReaderTable
 from cache.staging import StagedChunk
 from tiered.errors import CorruptSegmentError, TieredError
@@ -70,16 +73,34 @@ _MAX_STREAMS = 32
 #: an early request (`ChunkCache.request_early`) nobody took is closed at the first check this
 #: long after it went out
 _EARLY_TTL_S = 10.0
+#: stored chunks kept open and mapped between fetches (`cache.mapped`), most recently read
+#: first: the chunks consumers are reading, not the whole cache (each costs two descriptors,
+#: and an evicted file's space comes back only once it is unmapped)
+_MAPPED_FILES = 16
 
 
 class ChunkFile(NamedTuple):
-    """An open chunk file whose verified segment bytes [begin, end) may be served. `end` is
-    short of the chunk's end when a read-ahead stream is still writing the chunk: open the
-    chunk again for bytes past it."""
+    """An open chunk file whose verified segment bytes [begin, end) may be served: a share of
+    its mapping (`cache.mapped`), which `close` gives back. `end` is short of the chunk's end
+    when a read-ahead stream is still writing the chunk: open the chunk again for bytes past
+    it."""
 
-    fd: int
+    file: MappedFile
     begin: int
     end: int
+
+    @property
+    def fd(self) -> int:
+        """The file's descriptor, shared: read it with `os.pread`, never close it."""
+        return self.file.fd
+
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The file mapped read-only from the chunk's first byte."""
+        return self.file.mapping
+
+    def close(self) -> None:
+        self.file.release()
 
 
 def _close_body(request: Future[ByteStream]) -> None:
@@ -226,6 +247,8 @@ class ChunkCache:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._entries: dict[ChunkId, CacheEntry] = {}
+        #: the entries holding a mapping of their file, least recently read first
+        self._mapped: OrderedDict[ChunkId, CacheEntry] = OrderedDict()
         self._by_segment: dict[str, set[ChunkId]] = {}
         self._segments: dict[str, SegmentInfo] = {}
         self._readers = ReaderTable()
@@ -388,6 +411,9 @@ class ChunkCache:
             self._own_executor = None
             self._executor = None
         self._drop_early(0.0)
+        with self._cond:
+            for entry in list(self._mapped.values()):
+                self._unmap(entry)
         self.maintain()
 
     def __enter__(self) -> ChunkCache:
@@ -426,7 +452,7 @@ class ChunkCache:
             def use(entry: CacheEntry, _data: object, partial: ChunkFile | None) -> ChunkFile:
                 if partial is not None:
                     return partial
-                return ChunkFile(self._open_verified(seg, index, entry), begin, chunk_end)
+                return ChunkFile(self._open_mapped(seg, index, entry), begin, chunk_end)
 
             return self._with_chunk(seg, index, pinned, reader, session, use,
                                     partial_at=position - begin)
@@ -598,8 +624,8 @@ class ChunkCache:
                     staged = entry.staged
                     if staged is not None and entry.ready > partial_at:
                         begin = seg.bounds(index)[0]
-                        # the stream clears `staged` under this lock before it closes the file
-                        return ChunkFile(os.dup(staged.read_fd), begin, begin + entry.ready)
+                        # the stream clears `staged` under this lock before it lets go
+                        return ChunkFile(staged.shared.share(), begin, begin + entry.ready)
                     entry.progress.wait()  # woken by this chunk's progress only
         download.result()
         return None
@@ -626,6 +652,44 @@ class ChunkCache:
             os.close(fd)
             raise disk.BadFile(f"{size} bytes on disk, the chunk has {end - begin}")
         return fd
+
+    def _open_mapped(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> MappedFile:
+        """A share of the stored chunk's mapping: the one kept for it, or (verified and opened
+        by `_open_verified`) a new one, then kept for the next fetch."""
+        with self._cond:
+            if entry.mapped is not None:
+                self._mapped.move_to_end(entry.chunk)
+                return entry.mapped.share()
+        fd = self._open_verified(seg, index, entry)
+        begin, end = seg.bounds(index)
+        try:
+            mapped = MappedFile(fd, end - begin)
+        except (OSError, ValueError) as err:
+            raise CacheError(f"cannot map cached chunk at byte {begin} of {seg.key}: {err}"
+                             ) from err
+        with self._cond:
+            self._keep_mapped(entry, mapped.share())
+        return mapped
+
+    def _keep_mapped(self, entry: CacheEntry, mapped: MappedFile) -> None:
+        """Give `entry` (under the lock) the share `mapped`, unless it has one already or has
+        left the cache; the least recently read beyond `_MAPPED_FILES` give theirs up."""
+        if entry.mapped is not None or self._entries.get(entry.chunk) is not entry:
+            mapped.release()
+            return
+        entry.mapped = mapped
+        self._mapped[entry.chunk] = entry
+        while len(self._mapped) > _MAPPED_FILES:
+            _chunk, oldest = self._mapped.popitem(last=False)
+            self._unmap(oldest)
+
+    def _unmap(self, entry: CacheEntry) -> None:
+        """The entry gives up its share of its file's mapping (under the lock); fetches still
+        sending from it keep theirs."""
+        mapped, entry.mapped = entry.mapped, None
+        self._mapped.pop(entry.chunk, None)
+        if mapped is not None:
+            mapped.release()
 
     def _prefetch(self, seg: SegmentInfo, index: int) -> None:
         chunk = seg.chunk_ids[index]
@@ -931,9 +995,12 @@ class ChunkCache:
         again by a ranged GET if it fails."""
         begin, end = seg.bounds(index)
         data: bytes | None = None
+        mapped: MappedFile | None = None
         try:
-            crcs = None if staged is None else self._commit_staged(seg, staged, begin)
-            if crcs is None:
+            committed = None if staged is None else self._commit_staged(seg, staged, begin)
+            if committed is not None:
+                crcs, mapped = committed
+            else:
                 data = fetch_verified(
                     self._fetch, seg.key, begin, end, seg.verify,
                     attempts=self._download_attempts, on_bytes=self._count_bytes,
@@ -957,6 +1024,8 @@ class ChunkCache:
             entry.crcs = crcs
             entry.verified = True
             entry.last_access = self._clock()
+            if mapped is not None:
+                self._keep_mapped(entry, mapped)
             assert entry.download is not None
             entry.download.set_result(None)
             self._done(entry)
@@ -981,10 +1050,11 @@ class ChunkCache:
         self._cond.notify_all()
 
     def _commit_staged(self, seg: SegmentInfo, staged: StagedChunk, begin: int
-                       ) -> tuple[int, ...] | None:
-        """Move a streamed chunk into the cache: its block CRCs. A chunk that is the whole
-        segment is verified here, in place (its batches were not: the object's CRC-32C needs
-        every byte); None (the file dropped) when it fails, so a ranged GET fetches it again."""
+                       ) -> tuple[tuple[int, ...], MappedFile] | None:
+        """Move a streamed chunk into the cache: its block CRCs and its mapping (a share for
+        the entry). A chunk that is the whole segment is verified here, in place (its batches
+        were not: the object's CRC-32C needs every byte); None (the file dropped) when it
+        fails, so a ranged GET fetches it again."""
         if begin == 0 and staged.size == seg.size and seg.verify is not None:
             try:
                 with staged.mapped() as view:
@@ -994,8 +1064,8 @@ class ChunkCache:
                             "again", begin, seg.key, err.reason)
                 staged.discard()
                 return None
-        staged.commit()
-        return staged.crcs
+        mapped = staged.commit()
+        return staged.crcs, mapped
 
     # ------------------------------------------------------------- space and entries
     def _pin(
@@ -1125,6 +1195,7 @@ class ChunkCache:
 
     def _remove(self, entry: CacheEntry) -> None:
         del self._entries[entry.chunk]
+        self._unmap(entry)
         ids = self._by_segment[entry.chunk.segment]
         ids.discard(entry.chunk)
         if not ids:  # forget the layout too; a handle's next read registers it again

@@ -13,6 +13,7 @@ from cache.download import Verifier
 from cache.eviction import ChunkId
 
 if TYPE_CHECKING:
+    from cache.mapped import MappedFile
     from cache.staging import StagedChunk
 
 __all__ = ["CacheEntry", "SegmentInfo"]
@@ -43,8 +44,8 @@ class CacheEntry:
     is its temporary file and `ready` how many bytes from the chunk's start are in it and
     verified (whole batches): those may be served before the rest arrives."""
 
-    __slots__ = ("chunk", "crcs", "download", "last_access", "pins", "progress", "ready", "size",
-                 "staged", "verified")
+    __slots__ = ("chunk", "crcs", "download", "last_access", "mapped", "pins", "progress",
+                 "ready", "size", "staged", "verified")
 
     def __init__(
         self, chunk: ChunkId, size: int, last_access: float, crcs: tuple[int, ...] | None
@@ -60,5 +61,8 @@ class CacheEntry:
         self.download: Future[None] | None = None
         self.staged: StagedChunk | None = None
         self.ready = 0
+        #: its file, open and mapped, while it is one of the chunks read lately
+        #: (`cache.mapped`; the cache's share)
+        self.mapped: MappedFile | None = None
         #: notified (over the cache's lock) when `ready` moves and when the download ends
         self.progress: threading.Condition | None = None

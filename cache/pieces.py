@@ -14,7 +14,10 @@ import mmap
 import os
 import socket
 import ssl
+from collections.abc import Sequence
 from typing import NamedTuple
+
+from cache.mapped import MappedFile
 
 __all__ = ["FilePiece", "Pieces"]
 
@@ -30,14 +33,16 @@ class FilePiece(NamedTuple):
 
 
 class Pieces:
-    """Ordered `bytes` and `FilePiece`s; owns the file descriptors handed to `adopt` (an open
-    descriptor keeps an evicted chunk file readable until it is sent). Close it when done."""
+    """Ordered `bytes` and `FilePiece`s; owns the file descriptors, mappings and shares of
+    mapped files handed to `adopt` (an open descriptor or a share keeps an evicted chunk file
+    readable until it is sent). Close it when done."""
 
     def __init__(self) -> None:
         self.parts: list[bytes | FilePiece] = []
         self.size = 0
         self._fds: list[int] = []
         self._mappings: list[mmap.mmap] = []
+        self._shared: list[MappedFile] = []
 
     def __bool__(self) -> bool:
         return bool(self.parts)
@@ -48,10 +53,13 @@ class Pieces:
             self.parts.append(part)
             self.size += length
 
-    def adopt(self, fds: list[int], mappings: list[mmap.mmap] | None = None) -> None:
-        """Close these descriptors (and unmap these mappings) with this object."""
+    def adopt(self, fds: Sequence[int] = (), mappings: Sequence[mmap.mmap] = (),
+              shared: Sequence[MappedFile] = ()) -> None:
+        """Close these descriptors, unmap these mappings and release these shares of mapped
+        files (`cache.mapped`) with this object."""
         self._fds.extend(fds)
-        self._mappings.extend(mappings or ())
+        self._mappings.extend(mappings)
+        self._shared.extend(shared)
 
     def read(self) -> bytes:
         """Every byte, in order, as one `bytes`."""
@@ -107,6 +115,9 @@ class Pieces:
         fds, self._fds = self._fds, []
         for fd in fds:
             os.close(fd)
+        shared, self._shared = self._shared, []
+        for mapped in shared:
+            mapped.release()
 
     def __enter__(self) -> Pieces:
         return self

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -247,8 +246,8 @@ class Window:
 
 
 class ChunkFiles:
-    """One fetch's view of a segment object as open chunk files: batch headers come from a
-    read-only mapping of each (a batch never spans two chunks: chunks start at batch
+    """One fetch's view of a segment object as open chunk files: batch headers come from the
+    cache's read-only mapping of each (a batch never spans two chunks: chunks start at batch
     boundaries), the batches themselves as file ranges carrying that mapping. Chunks are
     opened through the cache in walk order, so the reader's position and read-ahead move as
     with byte reads."""
@@ -260,33 +259,24 @@ class ChunkFiles:
         self._session = session
         self.size = size
         self.where = where
-        self._files: list[tuple[ChunkFile, mmap.mmap]] = []
-        #: the descriptors opened and their mappings, for the caller to close
-        self.fds: list[int] = []
-        self.mappings: list[mmap.mmap] = []
+        #: the chunks opened, each a share of its file's mapping for the caller to release
+        #: (`Pieces.adopt`) once the fetch is sent
+        self.files: list[ChunkFile] = []
 
-    def _file(self, pos: int) -> tuple[ChunkFile, mmap.mmap]:
-        for opened in reversed(self._files):
-            if opened[0].begin <= pos < opened[0].end:
+    def _file(self, pos: int) -> ChunkFile:
+        for opened in reversed(self.files):
+            if opened.begin <= pos < opened.end:
                 return opened
         # read up to one byte short of the chunk's end: see Window._window_end
         i = bisect.bisect_right(self._handle.chunk_starts, pos)
         starts = self._handle.chunk_starts
         chunk_end = starts[i] if i < len(starts) else self.size
+        # chunk files are never changed in place, and `f.end` is within what is written and
+        # verified, so every byte read through the mapping below it is there
         f = self._handle.open_chunk(pos, max(pos + 1, chunk_end - 1), reader=self._reader,
                                     session=self._session)
-        self.fds.append(f.fd)
-        # headers are read from a mapping of the verified bytes, not with a read each, and
-        # the batches go out from it (`cache.pieces`). Chunk files are never changed in
-        # place, and `f.end` is within what is written, so every mapped byte is there
-        try:
-            mapping = mmap.mmap(f.fd, f.end - f.begin, prot=mmap.PROT_READ)
-        except (OSError, ValueError) as err:
-            raise TieredError(f"{self.where}: cannot map its cached chunk at byte {f.begin}: "
-                              f"{err}") from err
-        self.mappings.append(mapping)
-        self._files.append((f, mapping))
-        return f, mapping
+        self.files.append(f)
+        return f
 
     def headers(self, pos: int, offset: int) -> Iterator[BatchHeader]:
         """Batch headers from byte `pos` (a batch boundary) to the end, positions absolute."""
@@ -298,8 +288,8 @@ class ChunkFiles:
                     f"truncated batch: {size - pos} bytes left, a header needs "
                     f"{BATCH_HEADER.size}", path=where, position=pos)
             if mapping is None or not begin <= pos < end:
-                f, mapping = self._file(pos)
-                begin, end = f.begin, f.end
+                f = self._file(pos)
+                begin, end, mapping = f.begin, f.end, f.mapping
                 if end - pos < BATCH_HEADER.size:
                     raise CorruptSegmentError("cached chunk is shorter than the segment",
                                               path=where, position=pos)
@@ -314,9 +304,9 @@ class ChunkFiles:
     def pieces(self, begin: int, end: int) -> Iterator[FilePiece]:
         """Bytes [begin, end) as ranges of the chunk files holding them."""
         while begin < end:
-            f, mapping = self._file(begin)
+            f = self._file(begin)
             stop = min(end, f.end)
-            yield FilePiece(f.fd, begin - f.begin, stop - begin, mapping)
+            yield FilePiece(f.fd, begin - f.begin, stop - begin, f.mapping)
             begin = stop
 
 
@@ -424,7 +414,7 @@ class RemoteSegments:
                 for piece in files.pieces(span.begin, span.end):
                     out.add(piece)
         finally:
-            out.adopt(files.fds, files.mappings)
+            out.adopt(shared=[f.file for f in files.files])
         if span.begin is not None and session:
             self._resume.put((reader, rs.key), (span.next_offset, span.end))
             starts, ahead = rs.handle.chunk_starts, self.cache.settings.chunk_prefetch

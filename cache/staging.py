@@ -23,6 +23,7 @@ from cache.chunks import whole_batches
 from cache.disk import BLOCK, Writer, create_beside
 from cache.download import STREAM_PIECE, ByteStream
 from cache.errors import CacheError, CacheFullError
+from cache.mapped import MappedFile
 from tiered.errors import CorruptSegmentError
 
 __all__ = ["Check", "StagedChunk"]
@@ -47,20 +48,25 @@ class StagedChunk:
         except OSError as err:
             raise _error(path, size, err) from err
         self._fd: int | None = fd
+        self._mapped: MappedFile | None = None
         try:
-            # for readers, on their own open file: a reader's seek (socket.sendfile seeks
-            # when done) must not move where the next write goes
-            self._read_fd: int | None = os.open(self._tmp, os.O_RDONLY)
+            # the file at its full size from the start (the rest a hole until written), so
+            # that it is mapped once for every reader of it (`cache.mapped`); on its own
+            # open file: a reader's seek (socket.sendfile seeks when done) must not move
+            # where the next write goes
+            os.ftruncate(fd, size)
+            self._mapped = MappedFile(os.open(self._tmp, os.O_RDONLY), size)
         except OSError as err:
             self.discard()
             raise _error(path, size, err) from err
 
     @property
-    def read_fd(self) -> int:
-        """The temporary file open for reading, until `commit` or `discard`: a reader
-        duplicates it to send what is verified of the chunk so far."""
-        assert self._read_fd is not None  # noqa: S101 - only while staged
-        return self._read_fd
+    def shared(self) -> MappedFile:
+        """The temporary file, open and mapped, until `commit` or `discard`: a reader takes a
+        share of it to send what is verified of the chunk so far (never the bytes past that:
+        they may not be written yet)."""
+        assert self._mapped is not None  # noqa: S101 - only while staged
+        return self._mapped
 
     @property
     def crcs(self) -> tuple[int, ...]:
@@ -142,26 +148,32 @@ class StagedChunk:
                 memoryview(mm) as view:
             yield view
 
-    def commit(self) -> None:
-        """Move the file into place: readers see all of it or nothing."""
+    def commit(self) -> MappedFile:
+        """Move the file into place (readers see all of it or nothing); returns its mapping,
+        whose share passes to the caller: the file under its new name."""
         self._close()
         try:
             os.replace(self._tmp, self.path)
         except OSError as err:
             self.discard()
             raise _error(self.path, self.size, err) from err
+        mapped, self._mapped = self._mapped, None
+        assert mapped is not None  # noqa: S101 - committed once
+        return mapped
 
     def discard(self) -> None:
         """Drop the staged file (safe to call more than once)."""
         self._close()
+        mapped, self._mapped = getattr(self, "_mapped", None), None
+        if mapped is not None:
+            mapped.release()
         with contextlib.suppress(FileNotFoundError):
             self._tmp.unlink()
 
     def _close(self) -> None:
-        for fd in (self._fd, getattr(self, "_read_fd", None)):
-            if fd is not None:
-                os.close(fd)
-        self._fd = self._read_fd = None
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
 
 
 def _error(path: Path, size: int, err: OSError) -> CacheError:

@@ -256,7 +256,7 @@ def read_file(f: ChunkFile) -> bytes:
     try:
         return os.pread(f.fd, f.end - f.begin, 0)
     finally:
-        os.close(f.fd)
+        f.close()
 
 
 def read_on(seg: SegmentHandle, data: bytes, at: int, chunk_end: int) -> list[int]:
@@ -283,7 +283,7 @@ def test_a_reader_is_served_the_verified_start_of_a_chunk_still_arriving(
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
         first = seg.open_chunk(0, starts[1] - 1, reader="c")
         assert read_file(first) == data[first.begin:first.end]
-        os.close(seg.open_chunk(100, starts[1] - 1, reader="c").fd)  # sequential: read ahead
+        seg.open_chunk(100, starts[1] - 1, reader="c").close()  # sequential: read ahead
         part = seg.open_chunk(starts[1], starts[2] - 1, reader="c")  # the stream is at `hold`
         assert part.begin == starts[1] and starts[1] < part.end <= hold
         assert part.end in batch_positions(data)  # whole batches only
@@ -291,6 +291,31 @@ def test_a_reader_is_served_the_verified_start_of_a_chunk_still_arriving(
         stream.holds[hold].set()
         assert read_on(seg, data, part.end, starts[2])[-1] == starts[2]
         assert fetch.calls == [] and len(stream.opened) == 1
+
+
+def test_a_chunk_is_mapped_once_from_its_first_streamed_byte_to_its_eviction(
+        tmp_path: Path, data: bytes) -> None:
+    """The staged file is mapped at its full size when the stream starts it; readers of its
+    verified start share that mapping, and so do readers of the stored chunk once it is in:
+    a fetch never maps or opens the file on its own."""
+    starts = layout(data, CHUNK)
+    hold = starts[1] + (starts[2] - starts[1]) // 2
+    cache, _fetch, stream = open_cache(tmp_path, data, holds={hold: threading.Event()})
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg.open_chunk(0, starts[1] - 1, reader="c").close()
+        seg.open_chunk(100, starts[1] - 1, reader="c").close()  # sequential: read ahead
+        part = seg.open_chunk(starts[1], starts[2] - 1, reader="c")  # still arriving
+        assert part.end < starts[2] and len(part.mapping) == starts[2] - starts[1]
+        stream.holds[hold].set()
+        wait_until(lambda: cache.stats()["hydrated_chunks"] >= 2, "chunk 1 to be stored")
+        whole = seg.open_chunk(part.end, starts[2] - 1, reader="c")
+        assert whole.file is part.file and whole.end == starts[2]
+        assert bytes(whole.mapping) == data[starts[1]:starts[2]]
+        part.close()
+        whole.close()
+        seg.read(starts[3], starts[3] + 10, reader="c")  # moved on: eager eviction
+        wait_until(lambda: part.file.closed, "the mapping to be released")
 
 
 def test_a_reader_is_never_served_past_a_corrupt_batch_of_a_chunk_arriving(
@@ -303,8 +328,8 @@ def test_a_reader_is_never_served_past_a_corrupt_batch_of_a_chunk_arriving(
                                       corrupt={bad + 70})
     with cache:
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
-        os.close(seg.open_chunk(0, starts[1] - 1, reader="c").fd)
-        os.close(seg.open_chunk(100, starts[1] - 1, reader="c").fd)  # sequential: read ahead
+        seg.open_chunk(0, starts[1] - 1, reader="c").close()
+        seg.open_chunk(100, starts[1] - 1, reader="c").close()  # sequential: read ahead
         part = seg.open_chunk(starts[1], starts[2] - 1, reader="c")
         assert part.end <= bad
         assert read_file(part) == data[part.begin:part.end]
@@ -387,8 +412,8 @@ def test_a_reader_waiting_for_its_stream_to_start_a_chunk_joins_it_at_once(
     got: list[ChunkFile] = []
     with cache:
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
-        os.close(seg.open_chunk(0, starts[1] - 1, reader="c").fd)
-        os.close(seg.open_chunk(100, starts[1] - 1, reader="c").fd)  # sequential
+        seg.open_chunk(0, starts[1] - 1, reader="c").close()
+        seg.open_chunk(100, starts[1] - 1, reader="c").close()  # sequential
         waiter = threading.Thread(
             target=lambda: got.append(seg.open_chunk(starts[1], starts[2] - 1, reader="c")))
         waiter.start()  # chunk 1 is not started: the reader waits for its stream
@@ -440,7 +465,7 @@ def test_a_one_off_read_of_the_first_chunk_asks_for_that_chunk_only(
     cache._chunk_streamer = recording
     with cache:
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
-        os.close(seg.open_chunk(0, starts[1] - 1).fd)
+        seg.open_chunk(0, starts[1] - 1).close()
         wait_until(lambda: cache.stats()["hydrated_chunks"] == 1, "chunk 0 stored")
         assert ends == [False] and stream.opened[0].end == starts[1]
         assert fetch.calls == []

@@ -381,9 +381,9 @@ class RemoteSegments:
         following: Callable[[], SegmentMeta | None] | None = None,
     ) -> Span:
         """Whole batches of `seg` from the one holding `offset` within `budget` bytes (see
-        `take_batches`), added to `out` as ranges of the cache's chunk files (which adopts
-        their descriptors); an exhausted span's next offset is the segment's end. Batch
-        headers are read from mappings of the chunk files; the batches themselves are not
+        `take_batches`), added to `out` as ranges of the cache's chunk files (which holds a
+        share of each file's mapping until it is sent); an exhausted span's next offset is the
+        segment's end. Batch headers are read from those mappings; the batches themselves are not
         read here at all: the cache verified every one when it downloaded the chunk.
 
         With `session` (a named consumer), where the read stopped is remembered, and a read

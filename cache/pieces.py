@@ -7,14 +7,13 @@ Chunk files were verified when they were downloaded, so a range of one is served
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import ipaddress
 import mmap
 import os
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from cache.mapped import MappedFile
@@ -33,15 +32,12 @@ class FilePiece(NamedTuple):
 
 
 class Pieces:
-    """Ordered `bytes` and `FilePiece`s; owns the file descriptors, mappings and shares of
-    mapped files handed to `adopt` (an open descriptor or a share keeps an evicted chunk file
-    readable until it is sent). Close it when done."""
+    """Ordered `bytes` and `FilePiece`s; owns the shares of mapped files handed to `adopt` (a
+    share keeps an evicted chunk file readable until it is sent). Close it when done."""
 
     def __init__(self) -> None:
         self.parts: list[bytes | FilePiece] = []
         self.size = 0
-        self._fds: list[int] = []
-        self._mappings: list[mmap.mmap] = []
         self._shared: list[MappedFile] = []
 
     def __bool__(self) -> bool:
@@ -53,12 +49,8 @@ class Pieces:
             self.parts.append(part)
             self.size += length
 
-    def adopt(self, fds: Sequence[int] = (), mappings: Sequence[mmap.mmap] = (),
-              shared: Sequence[MappedFile] = ()) -> None:
-        """Close these descriptors, unmap these mappings and release these shares of mapped
-        files (`cache.mapped`) with this object."""
-        self._fds.extend(fds)
-        self._mappings.extend(mappings)
+    def adopt(self, shared: Iterable[MappedFile]) -> None:
+        """Release these shares of mapped files (`cache.mapped`) with this object."""
         self._shared.extend(shared)
 
     def read(self) -> bytes:
@@ -107,14 +99,6 @@ class Pieces:
             gathered.release()
 
     def close(self) -> None:
-        mappings, self._mappings = self._mappings, []
-        for mapping in mappings:
-            # a view still held somewhere (a traceback) keeps it mapped until it is dropped
-            with contextlib.suppress(BufferError):
-                mapping.close()
-        fds, self._fds = self._fds, []
-        for fd in fds:
-            os.close(fd)
         shared, self._shared = self._shared, []
         for mapped in shared:
             mapped.release()

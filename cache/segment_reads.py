@@ -414,7 +414,7 @@ class RemoteSegments:
                 for piece in files.pieces(span.begin, span.end):
                     out.add(piece)
         finally:
-            out.adopt(shared=[f.file for f in files.files])
+            out.adopt(f.file for f in files.files)
         if span.begin is not None and session:
             self._resume.put((reader, rs.key), (span.next_offset, span.end))
             starts, ahead = rs.handle.chunk_starts, self.cache.settings.chunk_prefetch

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import mmap
 import os
 import socket
 import threading
@@ -18,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.service import ArchiverStats
+from cache.mapped import MappedFile
 from cache.pieces import FilePiece, Pieces
 from tiered.app.health import Health, JobCounters
 from tiered.app.http_server import MetricsServer, Response
@@ -337,12 +337,11 @@ def test_a_file_body_leaves_with_its_headers_in_one_send(
     monkeypatch.setattr(socket.socket, "sendmsg", counted)
 
     def route(method: str, path_: str, query: Mapping[str, Sequence[str]]) -> Response:
-        fd = os.open(path, os.O_RDONLY)
+        shared = MappedFile(os.open(path, os.O_RDONLY), len(data))
         body = Pieces()
-        body.add(FilePiece(fd, 10, 50_000, mmap.mmap(fd, len(data), prot=mmap.PROT_READ)))
+        body.add(FilePiece(shared.fd, 10, 50_000, shared.mapping))
         body.add(b"-")
-        body.adopt([fd], [p.mapping for p in body.parts
-                          if isinstance(p, FilePiece) and p.mapping is not None])
+        body.adopt([shared])
         return 200, {"Content-Type": "application/octet-stream"}, body
 
     with MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),

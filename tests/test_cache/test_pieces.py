@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cache import pieces as pieces_module
+from cache.mapped import MappedFile
 from cache.pieces import FilePiece, Pieces
 
 
@@ -52,13 +53,14 @@ def data_file(tmp_path: Path) -> Iterator[tuple[int, bytes]]:
 def _pieces(fd: int, data: bytes, *, mapped: bool) -> tuple[Pieces, bytes]:
     """A header, two ranges of the file (one not page-aligned) and a trailer."""
     out = Pieces()
-    mapping = mmap.mmap(fd, len(data), prot=mmap.PROT_READ) if mapped else None
+    shared = MappedFile(os.dup(fd), len(data)) if mapped else None
+    mapping = None if shared is None else shared.mapping
     out.add(b"head")
     out.add(FilePiece(fd, 5, 4000, mapping))
     out.add(FilePiece(fd, mmap.ALLOCATIONGRANULARITY + 17, 9000, mapping))
     out.add(b"tail")
-    if mapping is not None:
-        out.adopt([], [mapping])
+    if shared is not None:
+        out.adopt([shared])
     want = b"head" + data[5:4005] + data[mmap.ALLOCATIONGRANULARITY + 17:][:9000] + b"tail"
     return out, want
 
@@ -167,12 +169,12 @@ def test_a_send_the_socket_takes_part_of_goes_on_where_it_stopped(
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
     try:
-        mapping = mmap.mmap(fd, len(data), prot=mmap.PROT_READ)
+        shared = MappedFile(os.dup(fd), len(data))
         body = Pieces()
-        body.add(FilePiece(fd, 1, (1 << 20) - 1, mapping))
+        body.add(FilePiece(fd, 1, (1 << 20) - 1, shared.mapping))
         body.add(b"between")
-        body.add(FilePiece(fd, 1 << 20, 2 << 20, mapping))
-        body.adopt([], [mapping])
+        body.add(FilePiece(fd, 1 << 20, 2 << 20, shared.mapping))
+        body.adopt([shared])
         got = _sent(body, conn, client, head=b"head")
         assert got == b"head" + data[1:1 << 20] + b"between" + data[1 << 20:]
         assert any(sent < offered for offered, sent in sendmsg_calls)  # it did stop short

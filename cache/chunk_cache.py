@@ -243,7 +243,9 @@ class ChunkCache:
         self._early: dict[str, tuple[Future[ByteStream], float]] = {}
         #: (reader, segment key) -> the read-ahead stream serving it
         self._streams: dict[tuple[ReaderId, str], _Stream] = {}
-        self._stream_threads: set[threading.Thread] = set()
+        #: threads that use the store (read-ahead streams, streamed chunk downloads, early
+        #: requests, `run_in_background` work): `close` waits for them
+        self._threads: set[threading.Thread] = set()
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._entries: dict[ChunkId, CacheEntry] = {}
@@ -341,7 +343,8 @@ class ChunkCache:
             except BaseException as err:  # the read-ahead sends its own request then
                 request.set_exception(err)
 
-        threading.Thread(target=send, name="cache-early-request", daemon=True).start()
+        if not self.run_in_background(send, "cache-early-request"):
+            request.cancel()  # closed meanwhile: nobody takes it
 
     def _take_early(self, key: str) -> ByteStream | None:
         """The request `request_early` sent for `key`, once it has an answer; None when there
@@ -383,6 +386,26 @@ class ChunkCache:
         except CacheError as err:  # the index is an optimisation; files remain the truth
             log.warning("cache index not saved: %s", err)
 
+    def run_in_background(self, work: Callable[[], object], name: str) -> bool:
+        """Run `work` on a daemon thread of its own that `close` waits for: work that uses the
+        store must not outlive the cache (the store is closed next, and a request still in
+        flight would go uncounted). False, and nothing runs, once the cache is closing."""
+
+        def run() -> None:
+            try:
+                work()
+            finally:
+                with self._cond:
+                    self._threads.discard(threading.current_thread())
+
+        with self._cond:
+            if self._stop.is_set():
+                return False
+            thread = threading.Thread(target=run, name=name, daemon=True)
+            self._threads.add(thread)
+            thread.start()  # under the lock: `close` never sees a thread it cannot join
+        return True
+
     def start(self) -> None:
         """Run `maintain()` every `cloud_storage_cache_check_interval_ms` on a daemon thread."""
         if self._thread is not None:
@@ -392,16 +415,16 @@ class ChunkCache:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the check thread, read-ahead streams and the private prefetch pool, and save
-        the index."""
+        """Stop the check thread, read-ahead streams, the other background work and the
+        private prefetch pool, and save the index."""
         with self._cond:
             self._stop.set()
             self._cond.notify_all()
             for stream in self._streams.values():
                 stream.wake.notify()
-            streams = list(self._stream_threads)
+            threads = list(self._threads)
         deadline = time.monotonic() + 10  # one in a slow read may not finish: it is a daemon
-        for thread in streams:
+        for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self._thread is not None:
             self._thread.join()
@@ -731,12 +754,9 @@ class ChunkCache:
                 old.wake.notify()
             stream = _Stream(index, threading.Condition(self._lock), after=after)
             self._streams[key] = stream
-            thread = threading.Thread(
-                target=self._stream_chunks, args=(seg, index, reader, first, stream),
-                name="cache-readahead", daemon=True)
-            self._stream_threads.add(thread)
-        thread.start()
-        return True
+            return self.run_in_background(
+                lambda: self._stream_chunks(seg, index, reader, first, stream),
+                "cache-readahead")
 
     def _stream_chunks(self, seg: SegmentInfo, first_index: int, reader: ReaderId,
                        first: CacheEntry | None, stream: _Stream) -> None:
@@ -788,7 +808,6 @@ class ChunkCache:
                     del self._streams[(reader, seg.key)]
                     self._wake_next(reader, seg.key)
                 self._cond.notify_all()
-                self._stream_threads.discard(threading.current_thread())
 
     def _stream_chunk(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> bool:
         """Download chunk `index` for `entry` (pinned and reserved by the caller, who keeps
@@ -798,14 +817,8 @@ class ChunkCache:
         False when there is no streaming store or the cache is closing."""
         if self._chunk_streamer is None or seg.whole:
             return False
-        with self._cond:
-            if self._stop.is_set():
-                return False
-            thread = threading.Thread(target=self._store_chunk_stream, args=(seg, index, entry),
-                                      name="cache-chunk", daemon=True)
-            self._stream_threads.add(thread)
-        thread.start()
-        return True
+        return self.run_in_background(lambda: self._store_chunk_stream(seg, index, entry),
+                                      "cache-chunk")
 
     def _store_chunk_stream(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> None:
         assert self._chunk_streamer is not None  # noqa: S101 - _stream_chunk checks
@@ -831,7 +844,6 @@ class ChunkCache:
             with self._cond:
                 self._apply_release(seg.key)
                 self._cond.notify_all()
-                self._stream_threads.discard(threading.current_thread())
 
     def _wake_next(self, reader: ReaderId, key: str) -> None:
         """Wake `reader`'s stream of the segment after `key`, which waits for this one."""

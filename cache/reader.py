@@ -235,7 +235,8 @@ class Reader:
         self._refresh_after_s = refresh_after_s
         #: head manifests being read in the background (`_refresh_head`)
         self._refreshing: set[tuple[str, int, str]] = set()
-        #: those still waiting their `REFRESH_AFTER_S`, cancelled by `close`
+        #: their threads (waiting their `REFRESH_AFTER_S` or reading): `close` cancels the
+        #: waiting ones and waits for the rest
         self._refresh_timers: dict[tuple[str, int, str], threading.Timer] = {}
         #: set by `close`: no refresh starts after it
         self._closing = False
@@ -268,6 +269,9 @@ class Reader:
             timers = list(self._refresh_timers.values())
         for timer in timers:  # a refresh due after the close would read through a closed store
             timer.cancel()
+        deadline = time.monotonic() + 10  # one stuck in a slow read is a daemon: let it be
+        for timer in timers:  # and one reading now must be done before the store closes
+            timer.join(timeout=max(0.0, deadline - time.monotonic()))
         if self._owns_cache:
             self.cache.close()
         for owned in self._owned:
@@ -539,8 +543,6 @@ class Reader:
         cached one, logged."""
 
         def run() -> None:
-            with self._lock:
-                self._refresh_timers.pop(key, None)
             topic, partition, revision = key
             started = self._clock()  # its age: the bucket may change while it is read
             try:
@@ -557,15 +559,16 @@ class Reader:
             finally:
                 with self._lock:
                     self._refreshing.discard(key)
+                    self._refresh_timers.pop(key, None)
 
-        with self._lock:  # registered in one step: `close` cancels every refresh not begun
+        with self._lock:  # registered and started in one step: `close` sees every refresh
             if self._closing or key in self._refreshing:
                 return
             self._refreshing.add(key)
             timer = threading.Timer(self._refresh_after_s, run)
             timer.name, timer.daemon = "reader-manifest", True
             self._refresh_timers[key] = timer
-        timer.start()  # a timer cancelled before it starts never runs `run`
+            timer.start()  # a timer cancelled before it fires never runs `run`
 
     def _cached_start(self, topic: str, partition: int, local: PartitionLog | None
                       ) -> int | None:

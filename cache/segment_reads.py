@@ -441,7 +441,7 @@ class RemoteSegments:
             except TieredError as err:  # the reader's own read reports it, if it comes
                 log.debug("read-ahead into %s failed: %s", m.segment_key(nxt), err)
 
-        threading.Thread(target=run, name="cache-next-segment", daemon=True).start()
+        self.cache.run_in_background(run, "cache-next-segment")
 
     def offset_for_timestamp(
         self, m: PartitionManifest, seg: SegmentMeta, timestamp: int, starting: int,

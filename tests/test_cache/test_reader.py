@@ -484,6 +484,53 @@ def test_the_read_paths_store_requests_are_counted_with_bytes_and_latency(
     assert after["errors"] == before["errors"]
 
 
+class _SlowBackgroundIndexes(CountingStore):
+    """`.index` GETs from threads other than the one that made the store take `delay` s
+    (`ahead` is set when one begins); counts the GETs begun and ended."""
+
+    def __init__(self, inner: ObjectStore, delay: float) -> None:
+        super().__init__(inner)
+        self.delay = delay
+        self.owner = threading.current_thread()
+        self.ahead = threading.Event()
+        self.begun = self.ended = 0
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+        if not key.endswith(".index"):
+            return super().get(key, byte_range)
+        self.begun += 1
+        try:
+            if threading.current_thread() is not self.owner:
+                self.ahead.set()
+                time.sleep(self.delay)
+            return super().get(key, byte_range)
+        finally:
+            self.ended += 1
+
+
+def test_closing_a_reader_waits_for_the_store_requests_its_read_ahead_began(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """The read-ahead into the next segment opens it (its `.index` GET) on a thread of its
+    own; `close` returns only once that request is done, so nothing reads through a store
+    its owner closes next, and the store's counters are whole when the reader is gone."""
+    fx = archived_partition(tmp_path, file_store, batches=80, cluster={
+        "cloud_storage_chunk_prefetch": 2, "cloud_storage_cache_chunk_size": 4096})
+    drop_local_segments(fx.config)
+    store = _SlowBackgroundIndexes(file_store, delay=0.5)
+    reader = Reader(fx.config, store, local_log=LocalLog(fx.config.log_dirs))
+    try:
+        offset = 0
+        while not store.ahead.wait(0.05):  # until the next segment's index is being read
+            got = reader.fetch(TOPIC, 0, offset, 3000, reader_id="c")
+            assert got.data == fx.image.expected(offset, 3000)
+            offset = got.next_offset
+            assert offset < fx.end, "no read-ahead into a next segment"
+    finally:
+        reader.close()
+    assert store.begun >= 2 and store.ended == store.begun
+
+
 def test_a_one_off_fetch_reads_nothing_ahead(tmp_path: Path, file_store: ObjectStore) -> None:
     """Read-ahead serves consumer sessions: a fetch without one (a `tiered fetch`, an HTTP
     request without `consumer`) downloads the chunks it reads and nothing more."""
@@ -675,3 +722,24 @@ def test_closing_a_reader_cancels_or_refuses_a_head_refresh_not_started_yet(
             assert not reader._refresh_timers
     time.sleep(0.6)  # past when it was due
     assert store.manifest_waits == 1  # the first fetch's only
+
+
+def test_closing_a_reader_waits_for_a_head_refresh_already_reading(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """A refresh whose manifest GET is in flight is not cancelled but waited for: the store is
+    closed after the reader, and must not be closed under it."""
+    with _archived_reader(tmp_path, file_store, refresh_after_s=0.0) as (
+            reader, store, now, _config, _end):
+        reader.fetch(TOPIC, 0, 0, 300)
+        store.gate.clear()
+        now[0] += 5  # past the TTL: the next fetch starts a refresh at once
+        reader.fetch(TOPIC, 0, 0, 300)
+        wait_until(lambda: store.manifest_waits == 2, "the background refresh's GET")
+        with ThreadPoolExecutor(1) as pool:
+            closing = pool.submit(reader.close)
+            time.sleep(0.2)
+            assert not closing.done()  # it waits for the GET
+            store.gate.set()
+            closing.result(timeout=10)
+        assert store.manifest_gets == 2 and not reader._refresh_timers

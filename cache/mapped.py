@@ -12,6 +12,9 @@ until its answer is sent. The file closes and unmaps when the last share goes. C
 are never changed in place, so a share keeps exactly the verified bytes it was handed, even if
 the file is evicted or renamed meanwhile (an unlinked file's space comes back only once the
 last share goes, as with an open descriptor).
+
+A buffer of `cache.buffers` (memory a chunk is streamed into) is handed out the same way: its
+last share gives it back to its pool instead of closing it, and only then may it be reused.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import mmap
 import os
 import threading
+from collections.abc import Callable
 
 __all__ = ["MappedFile"]
 
@@ -28,7 +32,7 @@ class MappedFile:
     """An open file descriptor and a read-only mapping of its first `size` bytes, closed when
     the last share is released. Created with one share, the creator's."""
 
-    __slots__ = ("_lock", "_shares", "fd", "mapping")
+    __slots__ = ("_give_back", "_lock", "_shares", "fd", "mapping")
 
     def __init__(self, fd: int, size: int) -> None:
         """Takes ownership of `fd` (closed here if the mapping fails). `size` may exceed
@@ -42,6 +46,18 @@ class MappedFile:
         self.fd = fd
         self._shares = 1
         self._lock = threading.Lock()
+        self._give_back: Callable[[int, mmap.mmap], None] | None = None
+
+    @classmethod
+    def lent(cls, fd: int, mapping: mmap.mmap, give_back: Callable[[int, mmap.mmap], None]
+             ) -> MappedFile:
+        """A file already open and mapped that belongs to someone else (a buffer pool): the
+        last share calls `give_back(fd, mapping)` instead of closing them."""
+        lent = cls.__new__(cls)
+        lent.fd, lent.mapping, lent._give_back = fd, mapping, give_back
+        lent._shares = 1
+        lent._lock = threading.Lock()
+        return lent
 
     def share(self) -> MappedFile:
         """One more share (the caller must hold one already, so the file is still open)."""
@@ -56,7 +72,9 @@ class MappedFile:
         with self._lock:
             self._shares -= 1
             last = self._shares == 0
-        if last:
+        if last and self._give_back is not None:
+            self._give_back(self.fd, self.mapping)
+        elif last:
             # a view still held somewhere (a traceback) keeps the pages until it is dropped
             with contextlib.suppress(BufferError):
                 self.mapping.close()

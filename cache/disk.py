@@ -26,6 +26,7 @@ import crc32c
 
 from cache.errors import CacheError, CacheFullError
 from cache.eviction import ChunkId
+from tiered.kafka.records import Buffer
 
 __all__ = [
     "BLOCK",
@@ -38,10 +39,13 @@ __all__ = [
     "chunk_path",
     "create_beside",
     "load_entries",
+    "move_into_place",
     "read_checked",
     "remove_file",
     "save_index",
     "write_atomically",
+    "write_beside",
+    "write_error",
 ]
 
 INDEX_NAME = ".tiered-cache-index.json"
@@ -81,10 +85,10 @@ class MissingFile(BadFile):
     """A cached file is gone: usually another process sharing the directory evicted it."""
 
 
-def block_crcs(data: bytes) -> tuple[int, ...]:
+def block_crcs(data: Buffer) -> tuple[int, ...]:
     """CRC-32C of every `BLOCK` bytes of `data` (the last block may be shorter)."""
-    view = memoryview(data)
-    return tuple(crc32c.crc32c(view[i : i + BLOCK]) for i in range(0, len(data), BLOCK))
+    with memoryview(data) as view:
+        return tuple(crc32c.crc32c(view[i : i + BLOCK]) for i in range(0, len(view), BLOCK))
 
 
 def read_checked(path: Path, size: int, crcs: Sequence[int], begin: int, end: int) -> bytes:
@@ -134,7 +138,7 @@ def chunk_path(root: Path, chunk: ChunkId) -> Path:
     return root / f"{chunk.segment}{CHUNKS_SUFFIX}" / str(chunk.start)
 
 
-def _write_all(fd: int, data: bytes, write: Writer) -> None:
+def _write_all(fd: int, data: Buffer, write: Writer) -> None:
     view = memoryview(data)
     while view:
         written = write(fd, view)
@@ -174,10 +178,21 @@ def create_beside(path: Path, mode: int = os.O_WRONLY) -> tuple[Path, int]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def write_atomically(path: Path, data: bytes, *, write: Writer = os.write) -> None:
+def write_atomically(path: Path, data: Buffer, *, write: Writer = os.write) -> None:
     """Write `data` to `path` so that readers see either no file or all of it. A full disk
     raises CacheFullError and any other OS error CacheError; the temporary file is removed
     either way, so nothing partial stays behind."""
+    tmp = write_beside(path, data, write=write)
+    try:
+        move_into_place(tmp, path)
+    except CacheError:
+        remove_file(tmp)
+        raise
+
+
+def write_beside(path: Path, data: Buffer, *, write: Writer = os.write) -> Path:
+    """Write `data` to a new temporary file beside `path` and return that file's path, for
+    `move_into_place`. Errors as `write_atomically`'s, nothing left behind."""
     tmp: Path | None = None
     try:
         tmp, fd = create_beside(path)
@@ -185,16 +200,29 @@ def write_atomically(path: Path, data: bytes, *, write: Writer = os.write) -> No
             _write_all(fd, data, write)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
     except OSError as err:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise CacheFullError(
-                f"cache disk is full writing {path} ({len(data)} bytes): {err.strerror}"
-            ) from err
-        raise CacheError(f"cannot write cache file {path}: {err}") from err
+        raise write_error(path, err, len(memoryview(data))) from err
+    return tmp
+
+
+def move_into_place(tmp: Path, path: Path) -> None:
+    """Rename a file `write_beside` wrote to `path`: readers see all of it or nothing."""
+    try:
+        os.replace(tmp, path)
+    except OSError as err:
+        raise write_error(path, err) from err
+
+
+def write_error(path: Path, err: OSError, size: int | None = None) -> CacheError:
+    """The cache's error for `err` met writing `path` (`size` bytes): CacheFullError for a
+    full disk."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "" if size is None else f" ({size} bytes)"
+        return CacheFullError(f"cache disk is full writing {path}{what}: {err.strerror}")
+    return CacheError(f"cannot write cache file {path}: {err}")
 
 
 def remove_file(path: Path) -> None:

@@ -1,17 +1,19 @@
-"""A chunk written from a read-ahead stream straight into its temporary file.
+"""A chunk written from a read-ahead stream as it arrives: into its temporary file
+(`StagedChunk`), or into a buffer of `cache.buffers` that is written to the file later, if at
+all (`BufferedChunk`).
 
-The bytes go from the socket into one reused buffer (`readinto`: no fresh allocation per
-read), from there to the file (`os.write` lets other threads run), and are checked while they
-are still in the buffer: whole record batches are handed to a check as soon as they are in,
-so a reader can be served the verified start of a chunk that is still arriving
-(docs/remote-read.md, read-ahead). The file's per-block CRC-32Cs are taken on the way. Only
-once every byte is in and checked is the file moved into place; a chunk that fails is dropped.
+Into a file, the bytes go from the socket into one reused buffer (`readinto`: no fresh
+allocation per read), from there to the file (`os.write` lets other threads run), and are
+checked while they are still in the buffer; the file's per-block CRC-32Cs are taken on the way.
+Into a pool buffer, they are received in place and checked there. Either way whole record
+batches are handed to a check as soon as they are in, so a reader can be served the verified
+start of a chunk that is still arriving (docs/remote-read.md, read-ahead). Only once every byte
+is in and checked is the chunk committed; a chunk that fails is dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -20,13 +22,12 @@ from pathlib import Path
 import crc32c
 
 from cache.chunks import whole_batches
-from cache.disk import BLOCK, Writer, create_beside
+from cache.disk import BLOCK, Writer, create_beside, write_error
 from cache.download import STREAM_PIECE, ByteStream
-from cache.errors import CacheError, CacheFullError
 from cache.mapped import MappedFile
 from tiered.errors import CorruptSegmentError
 
-__all__ = ["Check", "StagedChunk"]
+__all__ = ["BufferedChunk", "Check", "StagedChunk"]
 
 #: check(run of whole batches, its offset in the chunk): raises CorruptSegmentError. The view
 #: is valid only during the call
@@ -35,6 +36,9 @@ Check = Callable[[memoryview, int], None]
 
 class StagedChunk:
     """`size` bytes for the chunk file at `path`, staged beside it until `commit`."""
+
+    #: the committed chunk's bytes are in its file
+    in_memory = False
 
     def __init__(self, path: Path, size: int, *, write: Writer = os.write) -> None:
         self.path = path
@@ -46,7 +50,7 @@ class StagedChunk:
         try:
             self._tmp, fd = create_beside(path, os.O_RDWR)
         except OSError as err:
-            raise _error(path, size, err) from err
+            raise write_error(path, err, size) from err
         self._fd: int | None = fd
         self._mapped: MappedFile | None = None
         try:
@@ -58,7 +62,7 @@ class StagedChunk:
             self._mapped = MappedFile(os.open(self._tmp, os.O_RDONLY), size)
         except OSError as err:
             self.discard()
-            raise _error(path, size, err) from err
+            raise write_error(path, err, size) from err
 
     @property
     def shared(self) -> MappedFile:
@@ -104,9 +108,7 @@ class StagedChunk:
                 held = 0
                 continue
             try:
-                done = whole_batches(view[:held])
-                if done:
-                    check(view[:done], checked)
+                done = _check_whole_batches(check, view[:held], checked)
             except CorruptSegmentError as err:
                 failed, held = err, 0
                 continue
@@ -114,11 +116,7 @@ class StagedChunk:
             view[:held - done] = view[done:held]
             held -= done
         view.release()
-        if check is not None and failed is None and checked != self.size:
-            failed = CorruptSegmentError(
-                f"the chunk ends inside a batch: {self.size - checked} bytes left over")
-        if failed is not None:
-            raise failed
+        _finish(check, failed, checked, self.size)
 
     def _put(self, piece: memoryview) -> None:
         """Write `piece` to the file and add it to the block checksums."""
@@ -128,7 +126,7 @@ class StagedChunk:
             while left:
                 left = left[self._write(self._fd, left):]
         except OSError as err:
-            raise _error(self.path, self.size, err) from err
+            raise write_error(self.path, err, self.size) from err
         while piece:
             take = min(BLOCK - self._block_fill, len(piece))
             self._block_crc = crc32c.crc32c(piece[:take], self._block_crc, gil_release_mode=0)
@@ -156,7 +154,7 @@ class StagedChunk:
             os.replace(self._tmp, self.path)
         except OSError as err:
             self.discard()
-            raise _error(self.path, self.size, err) from err
+            raise write_error(self.path, err, self.size) from err
         mapped, self._mapped = self._mapped, None
         assert mapped is not None  # noqa: S101 - committed once
         return mapped
@@ -176,7 +174,90 @@ class StagedChunk:
         self._fd = None
 
 
-def _error(path: Path, size: int, err: OSError) -> CacheError:
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return CacheFullError(f"cache disk is full writing {path} ({size} bytes): {err.strerror}")
-    return CacheError(f"cannot write cache file {path}: {err}")
+class BufferedChunk:
+    """`size` bytes of the chunk whose file is `path`, received into `buffer` (a share of a
+    `cache.buffers` buffer, owned from here on) and kept there after `commit`: the cache writes
+    the file later, if the chunk is still cached once its readers have let it go."""
+
+    #: the committed chunk's bytes are in the buffer, not (yet) in its file
+    in_memory = True
+
+    def __init__(self, path: Path, size: int, buffer: MappedFile) -> None:
+        if size > len(buffer.mapping):
+            buffer.release()
+            raise ValueError(f"a {size}-byte chunk does not fit a {len(buffer.mapping)}-byte "
+                             "buffer")
+        self.path = path
+        self.size = size
+        self._buffer: MappedFile | None = buffer
+
+    @property
+    def shared(self) -> MappedFile:
+        """The buffer, until `commit` or `discard`: a reader takes a share of it to send
+        what is verified of the chunk so far (never the bytes past that: the buffer held
+        another chunk before)."""
+        assert self._buffer is not None  # noqa: S101 - only while staged
+        return self._buffer
+
+    @property
+    def crcs(self) -> None:
+        """None: the block checksums are taken when the chunk is written to its file."""
+        return None
+
+    def fill(self, stream: ByteStream, check: Check | None = None) -> None:
+        """As `StagedChunk.fill`, the bytes received straight into the buffer."""
+        with memoryview(self.shared.mapping) as whole, whole[:self.size] as view:
+            written = checked = 0
+            failed: CorruptSegmentError | None = None
+            while written < self.size:
+                n = stream.readinto(view[written:min(self.size, written + STREAM_PIECE)])
+                if not n:
+                    raise EOFError(f"the stream ended {self.size - written} bytes short of "
+                                   f"{self.size}")
+                written += n
+                if check is None or failed is not None:
+                    continue
+                try:
+                    checked += _check_whole_batches(check, view[checked:written], checked)
+                except CorruptSegmentError as err:
+                    failed = err
+        _finish(check, failed, checked, self.size)
+
+    @contextlib.contextmanager
+    def mapped(self) -> Iterator[memoryview]:
+        """The received bytes, read-only, without copying them."""
+        with memoryview(self.shared.mapping) as whole, whole[:self.size] as view, \
+                view.toreadonly() as readonly:
+            yield readonly
+
+    def commit(self) -> MappedFile:
+        """The buffer, whose share passes to the caller."""
+        buffer, self._buffer = self._buffer, None
+        assert buffer is not None  # noqa: S101 - committed once
+        return buffer
+
+    def discard(self) -> None:
+        """Give the buffer back (safe to call more than once)."""
+        buffer, self._buffer = self._buffer, None
+        if buffer is not None:
+            buffer.release()
+
+
+def _check_whole_batches(check: Check, received: memoryview, offset: int) -> int:
+    """Hand the whole batches at the start of `received` (at `offset` in the chunk) to
+    `check`; how many bytes they are."""
+    done = whole_batches(received)
+    if done:
+        check(received[:done], offset)
+    return done
+
+
+def _finish(check: Check | None, failed: CorruptSegmentError | None, checked: int,
+            size: int) -> None:
+    """Raise what a filled chunk's checks found: a failed check, or bytes left over that no
+    whole batch covers."""
+    if check is not None and failed is None and checked != size:
+        failed = CorruptSegmentError(
+            f"the chunk ends inside a batch: {size - checked} bytes left over")
+    if failed is not None:
+        raise failed

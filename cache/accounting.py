@@ -51,6 +51,9 @@ class CacheSettings:
     disable_chunk_reads: bool = False
     #: cloud_storage_chunk_prefetch: chunks read ahead of a sequential reader
     chunk_prefetch: int = 0
+    #: cloud_storage_cache_memory_size (tiered's own): memory for streamed chunks not written
+    #: to the cache directory yet (`cache.buffers`); 0: every chunk is written as it arrives
+    memory_bytes: int = 128 * MiB
 
     def __post_init__(self) -> None:
         problems = []
@@ -80,6 +83,10 @@ class CacheSettings:
         if self.chunk_size < 1:
             problems.append(
                 f"cloud_storage_cache_chunk_size must be positive, got {self.chunk_size}"
+            )
+        if self.memory_bytes < 0:
+            problems.append(
+                f"cloud_storage_cache_memory_size must not be negative, got {self.memory_bytes}"
             )
         if self.chunk_prefetch < 0:
             problems.append(
@@ -131,6 +138,7 @@ class CacheSettings:
             ),
             disable_chunk_reads=bool(cluster.get("cloud_storage_disable_chunk_reads", False)),
             chunk_prefetch=int(num("cloud_storage_chunk_prefetch", d.chunk_prefetch)),
+            memory_bytes=int(num("cloud_storage_cache_memory_size", d.memory_bytes)),
         )
 
     def limits(self, disk_capacity: int) -> CacheLimits:

@@ -45,6 +45,7 @@ from typing import NamedTuple, TypeVar
 
 from cache import disk
 from cache.accounting import CacheSettings, plan_trim
+from cache.buffers import ChunkBuffers
 from cache.chunks import chunks_for_range
 from cache.download import ByteStream, Fetcher, Streamer, Verifier, fetch_verified
 from cache.entries import CacheEntry, SegmentInfo
@@ -52,7 +53,7 @@ from cache.errors import CacheError, CacheFullError
 from cache.eviction import ChunkId, ChunkView, SegmentSnapshot, make_strategy
 from cache.mapped import MappedFile
 from cache.readers import ReaderId, ReaderTable
-from cache.staging import StagedChunk
+from cache.staging import BufferedChunk, StagedChunk
 from tiered.errors import CorruptSegmentError, TieredError
 
 __all__ = ["ChunkCache", "ChunkFile", "Fetcher", "ReaderId", "SegmentHandle", "Verifier"]
@@ -73,6 +74,11 @@ _MAX_STREAMS = 32
 #: an early request (`ChunkCache.request_early`) nobody took is closed at the first check this
 #: long after it went out
 _EARLY_TTL_S = 10.0
+#: buffers of `cache.buffers` given back this long ago (seconds) are freed at the next check
+_IDLE_BUFFER_S = 60.0
+#: a chunk in memory nobody has read for this long (seconds) is written behind, held or not,
+#: once more than half the buffers' budget is lent: memory is for the chunks being read now
+_SPILL_IDLE_S = 1.0
 #: stored chunks kept open and mapped between fetches (`cache.mapped`), most recently read
 #: first: the chunks consumers are reading, not the whole cache (each costs two descriptors,
 #: and an evicted file's space comes back only once it is unmapped)
@@ -238,6 +244,17 @@ class ChunkCache:
         self._streamer = stream if settings.chunk_prefetch > 0 else None
         #: streams one missed chunk for a read that takes its verified start (`open_chunk`)
         self._chunk_streamer = stream
+        #: memory streamed chunks are received into and served from until written behind
+        #: (`cache.buffers`); None: straight into their files
+        self._buffers = (ChunkBuffers(settings.memory_bytes, settings.chunk_size)
+                         if stream is not None and settings.memory_bytes > 0 else None)
+        #: the entries whose chunk is only in memory
+        self._in_memory: dict[ChunkId, CacheEntry] = {}
+        #: those queued for the write-behind thread (`_write_queued`), and whether it runs
+        self._to_write: dict[ChunkId, CacheEntry] = {}
+        self._writing = False
+        #: whether the thread watching for idle chunks in memory runs (`_watch_memory`)
+        self._watching = False
         #: segment key -> a request from its byte 0 sent before the segment was opened, and
         #: when (`request_early`); the read-ahead starting at its chunk 0 takes it
         self._early: dict[str, tuple[Future[ByteStream], float]] = {}
@@ -257,7 +274,8 @@ class ChunkCache:
         self._used_bytes = 0
         self._counters = dict.fromkeys(
             ("hits", "misses", "joined", "bytes_downloaded", "evictions", "prefetches",
-             "download_errors", "corrupt_discarded", "overshoots"), 0)
+             "download_errors", "corrupt_discarded", "overshoots", "written_behind",
+             "unwritten_evictions"), 0)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         for found in disk.load_entries(self.root):
@@ -308,11 +326,16 @@ class ChunkCache:
     def stats(self) -> dict[str, int]:
         """Counters and gauges for metrics: hits, misses (downloads a read started), joined
         (reads that waited on another's download), bytes_downloaded, evictions, prefetches,
-        download_errors, corrupt_discarded, overshoots; hydrated_chunks, size_bytes, readers,
-        max_bytes, max_objects."""
+        download_errors, corrupt_discarded, overshoots, written_behind (chunks written from
+        memory to their files), unwritten_evictions (chunks evicted from memory before they
+        were: disk writes saved); hydrated_chunks, memory_chunks (those only in memory),
+        memory_bytes (the buffers' memory held), size_bytes, readers, max_bytes,
+        max_objects."""
         with self._cond:
             out = dict(self._counters)
             out["hydrated_chunks"] = sum(1 for e in self._entries.values() if e.download is None)
+            out["memory_chunks"] = len(self._in_memory)
+            out["memory_bytes"] = 0 if self._buffers is None else self._buffers.held_bytes
             out["size_bytes"] = self._used_bytes
             out["objects"] = len(self._entries)
             out["readers"] = len(self._readers)
@@ -376,11 +399,16 @@ class ChunkCache:
         with self._cond:
             self._release_holds(self._readers.expire(self._clock() - self._reader_idle_s))
             self._trim(0, 0)
+            for entry in list(self._in_memory.values()):  # let go of without a release
+                if not self._is_held(entry):
+                    self._queue_write(entry)
             entries = [
                 disk.DiskEntry(e.chunk, e.size, e.last_access, e.crcs)
                 for e in self._entries.values()
-                if e.download is None
+                if e.download is None and not e.in_memory
             ]
+        if self._buffers is not None:
+            self._buffers.trim(_IDLE_BUFFER_S)
         try:
             disk.save_index(self.root, entries, write=self._write)
         except CacheError as err:  # the index is an optimisation; files remain the truth
@@ -434,10 +462,16 @@ class ChunkCache:
             self._own_executor = None
             self._executor = None
         self._drop_early(0.0)
+        with self._cond:  # what is cached stays cached across a restart: written now
+            in_memory = list(self._in_memory.values())
+        for entry in in_memory:
+            self._write_behind(entry)
         with self._cond:
             for entry in list(self._mapped.values()):
                 self._unmap(entry)
         self.maintain()
+        if self._buffers is not None:
+            self._buffers.close()
 
     def __enter__(self) -> ChunkCache:
         return self
@@ -681,7 +715,8 @@ class ChunkCache:
         by `_open_verified`) a new one, then kept for the next fetch."""
         with self._cond:
             if entry.mapped is not None:
-                self._mapped.move_to_end(entry.chunk)
+                if not entry.in_memory:
+                    self._mapped.move_to_end(entry.chunk)
                 return entry.mapped.share()
         fd = self._open_verified(seg, index, entry)
         begin, end = seg.bounds(index)
@@ -705,6 +740,18 @@ class ChunkCache:
         while len(self._mapped) > _MAPPED_FILES:
             _chunk, oldest = self._mapped.popitem(last=False)
             self._unmap(oldest)
+
+    def _keep_in_memory(self, entry: CacheEntry, buffer: MappedFile) -> None:
+        """Give `entry` (under the lock) the share `buffer` of the buffer its chunk arrived in,
+        to serve it from until it is written behind, if at all; none if it has left the
+        cache."""
+        if entry.mapped is not None or self._entries.get(entry.chunk) is not entry:
+            buffer.release()
+            return
+        entry.mapped, entry.in_memory = buffer, True
+        self._in_memory[entry.chunk] = entry
+        if not self._watching:
+            self._watching = self.run_in_background(self._watch_memory, "cache-memory")
 
     def _unmap(self, entry: CacheEntry) -> None:
         """The entry gives up its share of its file's mapping (under the lock); fetches still
@@ -868,15 +915,22 @@ class ChunkCache:
         return usable
 
     def _stage(self, seg: SegmentInfo, index: int, entry: CacheEntry, body: ByteStream
-               ) -> tuple[StagedChunk | None, bool]:
-        """Chunk `index` from the stream, written to its temporary file and, unless it is the
-        whole segment (the object's CRC-32C needs every byte), verified batch by batch as it
-        arrives, each verified run offered to readers at once (`entry.staged`, `entry.ready`).
-        (None, True) when it failed verification (logged; the stream is at the next chunk),
-        (None, False) when the stream broke (logged); either way a ranged GET fetches it."""
+               ) -> tuple[StagedChunk | BufferedChunk | None, bool]:
+        """Chunk `index` from the stream, received into a buffer of the pool (or, when it has
+        none to lend, written to its temporary file) and, unless it is the whole segment (the
+        object's CRC-32C needs every byte), verified batch by batch as it arrives, each
+        verified run offered to readers at once (`entry.staged`, `entry.ready`). (None, True)
+        when it failed verification (logged; the stream is at the next chunk), (None, False)
+        when the stream broke (logged); either way a ranged GET fetches it."""
         begin, end = seg.bounds(index)
-        staged = StagedChunk(disk.chunk_path(self.root, entry.chunk), end - begin,
-                             write=self._write)
+        path = disk.chunk_path(self.root, entry.chunk)
+        buffer = None if self._buffers is None else self._buffers.take(end - begin)
+        if buffer is None and self._buffers is not None and end - begin <= self._buffers.capacity:
+            with self._cond:  # this chunk goes to its file; the next ones may get a buffer
+                self._spill_idle()
+        staged: StagedChunk | BufferedChunk = (
+            StagedChunk(path, end - begin, write=self._write) if buffer is None
+            else BufferedChunk(path, end - begin, buffer))
         check = None
         if (begin, end) != (0, seg.size):
             verify = seg.verify
@@ -977,6 +1031,13 @@ class ChunkCache:
     def _load(self, seg: SegmentInfo, index: int, entry: CacheEntry, lo: int, hi: int) -> bytes:
         """Bytes [lo, hi) of a stored chunk, checked against its block checksums; a file found
         after a restart without remembered checksums is verified whole first."""
+        with self._cond:
+            buffer = entry.mapped.share() if entry.in_memory and entry.mapped else None
+        if buffer is not None:  # checked as it arrived, and never written since
+            try:
+                return buffer.mapping[lo:hi]
+            finally:
+                buffer.release()
         begin, end = seg.bounds(index)
         path = disk.chunk_path(self.root, entry.chunk)
         crcs = entry.crcs
@@ -999,7 +1060,7 @@ class ChunkCache:
         return disk.read_checked(path, end - begin, crcs, lo, hi)
 
     def _download(self, seg: SegmentInfo, index: int, entry: CacheEntry,
-                  staged: StagedChunk | None = None) -> bytes | None:
+                  staged: StagedChunk | BufferedChunk | None = None) -> bytes | None:
         """Fetch, verify and store chunk `index` for `entry` (pinned, reserved, registered as
         downloading); on failure the reservation is dropped and waiting readers get the error.
         Returns the bytes fetched. `staged`: the chunk already written by a read-ahead stream,
@@ -1036,7 +1097,9 @@ class ChunkCache:
             entry.crcs = crcs
             entry.verified = True
             entry.last_access = self._clock()
-            if mapped is not None:
+            if mapped is not None and staged is not None and staged.in_memory:
+                self._keep_in_memory(entry, mapped)
+            elif mapped is not None:
                 self._keep_mapped(entry, mapped)
             assert entry.download is not None
             entry.download.set_result(None)
@@ -1061,12 +1124,13 @@ class ChunkCache:
             entry.progress = None
         self._cond.notify_all()
 
-    def _commit_staged(self, seg: SegmentInfo, staged: StagedChunk, begin: int
-                       ) -> tuple[tuple[int, ...], MappedFile] | None:
-        """Move a streamed chunk into the cache: its block CRCs and its mapping (a share for
-        the entry). A chunk that is the whole segment is verified here, in place (its batches
-        were not: the object's CRC-32C needs every byte); None (the file dropped) when it
-        fails, so a ranged GET fetches it again."""
+    def _commit_staged(self, seg: SegmentInfo, staged: StagedChunk | BufferedChunk,
+                       begin: int) -> tuple[tuple[int, ...] | None, MappedFile] | None:
+        """Move a streamed chunk into the cache: its block CRCs (None for one kept in memory:
+        taken when it is written) and its mapping or buffer (a share for the entry). A chunk
+        that is the whole segment is verified here, in place (its batches were not: the
+        object's CRC-32C needs every byte); None (the chunk dropped) when it fails, so a
+        ranged GET fetches it again."""
         if begin == 0 and staged.size == seg.size and seg.verify is not None:
             try:
                 with staged.mapped() as view:
@@ -1173,6 +1237,10 @@ class ChunkCache:
             entry = self._entries.get(chunk)
             if entry is not None and not self._is_held(entry):
                 self._evict(entry)
+        for chunk in list(self._by_segment.get(segment, ())):  # kept although let go of
+            entry = self._entries[chunk]
+            if entry.in_memory and not self._is_held(entry):
+                self._queue_write(entry)
 
     def _release_holds(self, chunks: Sequence[ChunkId]) -> None:
         for segment in dict.fromkeys(c.segment for c in chunks):
@@ -1207,7 +1275,8 @@ class ChunkCache:
 
     def _remove(self, entry: CacheEntry) -> None:
         del self._entries[entry.chunk]
-        self._unmap(entry)
+        self._unmap(entry)  # an in-memory chunk's buffer goes back once its fetches are sent
+        self._left_memory(entry)
         ids = self._by_segment[entry.chunk.segment]
         ids.discard(entry.chunk)
         if not ids:  # forget the layout too; a handle's next read registers it again
@@ -1216,11 +1285,110 @@ class ChunkCache:
         self._used_bytes -= entry.size
 
     def _evict(self, entry: CacheEntry, *, count: bool = True) -> None:
+        in_memory = entry.in_memory
         self._remove(entry)
-        disk.remove_file(disk.chunk_path(self.root, entry.chunk))
+        if in_memory:  # never written: no file (one there is another process's)
+            self._counters["unwritten_evictions"] += 1
+        else:
+            disk.remove_file(disk.chunk_path(self.root, entry.chunk))
         if count:
             self._counters["evictions"] += 1
         self._cond.notify_all()
+
+    # ---------------------------------------------------------------- write-behind
+    def _queue_write(self, entry: CacheEntry) -> None:
+        """Have in-memory `entry` written to its file on the write-behind thread (under the
+        lock). Once the cache is closing nothing starts: `close` writes what is left."""
+        if entry.chunk in self._to_write:
+            return
+        self._to_write[entry.chunk] = entry
+        if not self._writing:
+            self._writing = self.run_in_background(self._write_queued, "cache-write-behind")
+
+    def _left_memory(self, entry: CacheEntry) -> None:
+        """`entry` is no longer (or never was) a chunk only in memory (under the lock)."""
+        entry.in_memory = False
+        if self._in_memory.get(entry.chunk) is entry:
+            del self._in_memory[entry.chunk]
+        if self._to_write.get(entry.chunk) is entry:
+            del self._to_write[entry.chunk]
+
+    def _spill_idle(self) -> float:
+        """Write behind the chunks in memory nobody has read for `_SPILL_IDLE_S`, held or not
+        (under the lock): a consumer that stopped, or reads slowly, still holds its chunks,
+        and their buffers are better spent on the streams of consumers reading now. The
+        seconds until the next chunk would be idle that long."""
+        now, wait = self._clock(), _SPILL_IDLE_S
+        for entry in list(self._in_memory.values()):
+            idle = now - entry.last_access
+            if idle >= _SPILL_IDLE_S:
+                self._queue_write(entry)
+            else:
+                wait = min(wait, _SPILL_IDLE_S - idle)
+        return max(0.01, wait)
+
+    def _watch_memory(self) -> None:
+        """While chunks are in memory and more than half the buffers' budget is lent, spill
+        the idle ones (`_spill_idle`), so the buffers are free before the streams need them
+        (when they run out, `_stage` spills at once)."""
+        buffers = self._buffers
+        assert buffers is not None  # noqa: S101 - chunks are in memory only with buffers
+        while True:
+            with self._cond:
+                if self._stop.is_set() or not self._in_memory:
+                    self._watching = False
+                    return
+                pressed = buffers.lent_bytes * 2 > buffers.budget
+                wait = self._spill_idle() if pressed else _SPILL_IDLE_S
+            self._stop.wait(wait)
+
+    def _write_queued(self) -> None:
+        """The write-behind thread: write the queued chunks one at a time, oldest first."""
+        while True:
+            with self._cond:
+                if self._stop.is_set() or not self._to_write:
+                    self._writing = False
+                    return
+                entry = self._to_write.pop(next(iter(self._to_write)))
+            self._write_behind(entry)
+
+    def _write_behind(self, entry: CacheEntry) -> None:
+        """Write in-memory `entry` to its file, then serve it from there and give its buffer
+        back (fetches sending from the buffer keep their shares). A chunk evicted meanwhile
+        leaves no file. One that cannot be written is dropped from the cache: a later read
+        downloads it again."""
+        with self._cond:
+            if (self._entries.get(entry.chunk) is not entry or not entry.in_memory
+                    or entry.mapped is None):
+                return
+            buffer = entry.mapped.share()
+        path = disk.chunk_path(self.root, entry.chunk)
+        tmp: Path | None = None
+        try:
+            with memoryview(buffer.mapping) as whole, whole[:entry.size] as view:
+                crcs = disk.block_crcs(view)
+                tmp = disk.write_beside(path, view, write=self._write)
+            with self._cond:
+                if self._entries.get(entry.chunk) is entry and entry.in_memory:
+                    disk.move_into_place(tmp, path)
+                    tmp = None
+                    entry.crcs = crcs
+                    self._unmap(entry)
+                    self._left_memory(entry)
+                    self._counters["written_behind"] += 1
+            self.write_problem = None
+        except CacheError as err:
+            if not isinstance(err, CacheFullError):
+                self.write_problem = str(err)
+            log.warning("chunk %d of %s not written to the cache disk, dropped: %s",
+                        entry.chunk.start, entry.chunk.segment, err)
+            with self._cond:
+                if self._entries.get(entry.chunk) is entry and entry.in_memory:
+                    self._evict(entry, count=False)
+        finally:
+            if tmp is not None:
+                disk.remove_file(tmp)
+            buffer.release()
 
     def _count_bytes(self, n: int) -> None:
         with self._cond:

@@ -14,7 +14,7 @@ from cache.eviction import ChunkId
 
 if TYPE_CHECKING:
     from cache.mapped import MappedFile
-    from cache.staging import StagedChunk
+    from cache.staging import BufferedChunk, StagedChunk
 
 __all__ = ["CacheEntry", "SegmentInfo"]
 
@@ -39,13 +39,14 @@ class SegmentInfo:
 
 
 class CacheEntry:
-    """One cached (or downloading) file. `download` is set while the first reader fetches it;
+    """One cached (or downloading) chunk. `download` is set while the first reader fetches it;
     others wait on it instead of fetching again. While a read-ahead stream writes it, `staged`
-    is its temporary file and `ready` how many bytes from the chunk's start are in it and
-    verified (whole batches): those may be served before the rest arrives."""
+    is where it goes (its temporary file or a buffer) and `ready` how many bytes from the
+    chunk's start are in and verified (whole batches): those may be served before the rest
+    arrives. A streamed chunk may stay in its buffer (`in_memory`) until written behind."""
 
-    __slots__ = ("chunk", "crcs", "download", "last_access", "mapped", "pins", "progress",
-                 "ready", "size", "staged", "verified")
+    __slots__ = ("chunk", "crcs", "download", "in_memory", "last_access", "mapped", "pins",
+                 "progress", "ready", "size", "staged", "verified")
 
     def __init__(
         self, chunk: ChunkId, size: int, last_access: float, crcs: tuple[int, ...] | None
@@ -59,10 +60,12 @@ class CacheEntry:
         self.verified = False
         self.pins = 0
         self.download: Future[None] | None = None
-        self.staged: StagedChunk | None = None
+        self.staged: StagedChunk | BufferedChunk | None = None
         self.ready = 0
         #: its file, open and mapped, while it is one of the chunks read lately
-        #: (`cache.mapped`; the cache's share)
+        #: (`cache.mapped`; the cache's share); or, while `in_memory`, its buffer
         self.mapped: MappedFile | None = None
+        #: its bytes are only in `mapped`, a `cache.buffers` buffer: no file yet
+        self.in_memory = False
         #: notified (over the cache's lock) when `ready` moves and when the download ends
         self.progress: threading.Condition | None = None

@@ -259,6 +259,12 @@ CLUSTER: tuple[Property, ...] = (
        "checks.", min=1),
     _c("cloud_storage_cache_chunk_size", "size", 16 * MiB, "Size of one chunk of a remote "
        "segment downloaded into the cache.", min=1),
+    _c("cloud_storage_cache_memory_size", "size", 128 * MiB, "tiered's own: memory for "
+       "chunks streamed in and not yet written to the cache directory. A chunk read ahead "
+       "for a consumer is served from memory and written to disk only if the cache still "
+       "keeps it once its readers have moved on; eager eviction usually drops it first, "
+       "saving the write. When it is spent, chunks are written as they arrive. 0: always.",
+       min=0),
     _c("cloud_storage_chunk_eviction_strategy", "enum", "eager", "How unused chunks are "
        "evicted: eager (any unshared chunk), capped (down to the per-segment hydrated "
        "cap), predictive (fewest future readers first).",

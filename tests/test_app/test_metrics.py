@@ -239,8 +239,10 @@ def _reader_stats() -> dict[str, object]:
         "out_of_range": 2, "timestamp_lookups": 3, "index_downloads": 5, "index_fallbacks": 1,
         "cache": {"hits": 10, "misses": 3, "joined": 1, "bytes_downloaded": 3 << 20,
                   "evictions": 2, "prefetches": 4, "download_errors": 1, "corrupt_discarded": 1,
-                  "overshoots": 0, "hydrated_chunks": 2, "size_bytes": 2 << 20, "objects": 2,
-                  "readers": 1, "max_bytes": 1 << 30, "max_objects": 100_000},
+                  "overshoots": 0, "written_behind": 5, "unwritten_evictions": 7,
+                  "hydrated_chunks": 2, "memory_chunks": 1, "memory_bytes": 16 << 20,
+                  "size_bytes": 2 << 20, "objects": 2, "readers": 1, "max_bytes": 1 << 30,
+                  "max_objects": 100_000},
     }
 
 
@@ -267,6 +269,18 @@ def test_every_reader_and_cache_stat_is_exported_with_its_value() -> None:
         for name, scalar in table.items():
             sample = f"tiered_{name}_total" if scalar.kind == "counter" else f"tiered_{name}"
             assert samples[(sample, ())] == source[scalar.field], name
+
+
+def test_every_stat_a_real_cache_keeps_has_its_metric(tmp_path: Path) -> None:
+    from cache.accounting import CacheSettings
+    from cache.chunk_cache import ChunkCache
+
+    settings = CacheSettings(size_bytes=1 << 20, chunk_prefetch=1)
+    with ChunkCache(tmp_path, settings, lambda key, begin, end: b"",
+                    stream=lambda *a, **k: None) as cache:  # type: ignore[arg-type,return-value]
+        kept = set(cache.stats())
+    assert kept == {scalar.field for scalar in CACHE_METRICS.values()}
+    assert set(_reader_stats()["cache"]) == kept  # type: ignore[arg-type]
 
 
 def test_reader_collector_exports_nothing_without_a_reader_or_when_stats_fail(

@@ -255,8 +255,21 @@ CACHE_METRICS: dict[str, _Scalar] = {
     "cache_overshoots": _Scalar("overshoots", "counter",
                                 "Downloads admitted over the limits because every chunk was "
                                 "held (by one chunk at most)."),
+    "cache_written_behind": _Scalar("written_behind", "counter",
+                                    "Streamed chunks written from memory to the cache disk "
+                                    "once their readers let go of them."),
+    "cache_unwritten_evictions": _Scalar("unwritten_evictions", "counter",
+                                         "Streamed chunks evicted from memory before they "
+                                         "were written: cache disk writes saved."),
     "cache_hydrated_chunks": _Scalar("hydrated_chunks", "gauge",
-                                     "Chunks on the cache disk, downloads in flight excluded."),
+                                     "Chunks cached (on the cache disk, or in memory until "
+                                     "written), downloads in flight excluded."),
+    "cache_memory_chunks": _Scalar("memory_chunks", "gauge",
+                                   "Cached chunks only in memory, not written to the cache "
+                                   "disk yet."),
+    "cache_memory_bytes": _Scalar("memory_bytes", "gauge",
+                                  "Memory the buffers for streamed chunks hold "
+                                  "(at most cloud_storage_cache_memory_size)."),
     "cache_size_bytes": _Scalar("size_bytes", "gauge",
                                 "Bytes the cache accounts for, downloads in flight included."),
     "cache_objects": _Scalar("objects", "gauge",

@@ -29,6 +29,16 @@ from cache.mapped import MappedFile
 
 __all__ = ["ChunkBuffers"]
 
+_MFD_CLOEXEC: int = getattr(os, "MFD_CLOEXEC", 1)
+
+
+def _memfd_create(name: str, flags: int) -> int:
+    create = getattr(os, "memfd_create", None)
+    if create is None:
+        raise OSError(f"no memfd_create on {os.name}")
+    fd: int = create(name, flags)
+    return fd
+
 
 class ChunkBuffers:
     """Up to `budget` bytes of `capacity`-byte buffers, lent as `MappedFile`s (thread-safe)."""
@@ -76,8 +86,8 @@ class ChunkBuffers:
                 return None
             self._count += 1
         try:
-            fd = os.memfd_create("tiered-chunk", os.MFD_CLOEXEC)
-        except OSError:
+            fd = _memfd_create("tiered-chunk", _MFD_CLOEXEC)
+        except OSError:  # no memfd here (not Linux, an old kernel): chunks go to files
             self._forget()
             return None
         try:

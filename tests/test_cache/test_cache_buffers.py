@@ -103,3 +103,11 @@ def test_buffer_sizes_are_whole_pages() -> None:
     buffer = pool.take(1000)
     assert buffer is not None and len(buffer.mapping) == pool.capacity == mmap.PAGESIZE
     buffer.release()
+
+
+def test_without_memfd_there_are_no_buffers_and_chunks_go_to_files(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the system has no memfd (not Linux), `take` says no rather than failing."""
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    pool = ChunkBuffers(MiB, MiB)
+    assert pool.take(10) is None and pool.held_bytes == 0

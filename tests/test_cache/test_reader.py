@@ -484,6 +484,30 @@ def test_the_read_paths_store_requests_are_counted_with_bytes_and_latency(
     assert after["errors"] == before["errors"]
 
 
+def test_a_consumer_reading_history_writes_no_chunk_file_under_eager_eviction(
+    tmp_path: Path, s3_store: S3Store
+) -> None:
+    """Chunks streamed from the bucket are served from memory; one consumer's chunks are
+    evicted as it moves on, before anything writes them to the cache directory. A chunk the
+    consumer still holds when the reader closes is written then."""
+    fx = archived_partition(tmp_path, s3_store, batches=80, cluster={
+        "cloud_storage_chunk_prefetch": 2, "cloud_storage_cache_chunk_size": 4096})
+    drop_local_segments(fx.config)
+    chunk_files = lambda: [p for p in fx.config.cache_dir.rglob("*")  # noqa: E731
+                           if p.is_file() and p.name.isdigit()]
+    with fx.reader() as reader:
+        offset = 0
+        while offset < fx.end:
+            got = reader.fetch(TOPIC, 0, offset, 3000, reader_id="c")
+            assert got.data == fx.image.expected(offset, 3000)
+            offset = got.next_offset
+        stats = reader.cache.stats()
+        assert stats["unwritten_evictions"] > 0 and stats["written_behind"] == 0
+        assert chunk_files() == []
+        held = stats["memory_chunks"]
+    assert held >= 1 and len(chunk_files()) == held
+
+
 class _SlowBackgroundIndexes(CountingStore):
     """`.index` GETs from threads other than the one that made the store take `delay` s
     (`ahead` is set when one begins); counts the GETs begun and ended."""

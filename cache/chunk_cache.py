@@ -1350,7 +1350,11 @@ class ChunkCache:
                     self._writing = False
                     return
                 entry = self._to_write.pop(next(iter(self._to_write)))
-            self._write_behind(entry)
+            try:
+                self._write_behind(entry)
+            except Exception:  # never let the thread die: the next chunks still need it
+                log.exception("writing chunk %d of %s behind failed", entry.chunk.start,
+                              entry.chunk.segment)
 
     def _write_behind(self, entry: CacheEntry) -> None:
         """Write in-memory `entry` to its file, then serve it from there and give its buffer
@@ -1377,11 +1381,12 @@ class ChunkCache:
                     self._left_memory(entry)
                     self._counters["written_behind"] += 1
             self.write_problem = None
-        except CacheError as err:
+        except Exception as err:  # a full disk, an I/O error, a bug: the bucket has it
             if not isinstance(err, CacheFullError):
                 self.write_problem = str(err)
             log.warning("chunk %d of %s not written to the cache disk, dropped: %s",
-                        entry.chunk.start, entry.chunk.segment, err)
+                        entry.chunk.start, entry.chunk.segment, err,
+                        exc_info=not isinstance(err, CacheError))
             with self._cond:
                 if self._entries.get(entry.chunk) is entry and entry.in_memory:
                     self._evict(entry, count=False)

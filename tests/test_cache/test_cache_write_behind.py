@@ -11,10 +11,20 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from cache_fakes import CHUNK, KEY, Fetcher, layout, make_segment, open_cache, verifier
+from cache_fakes import (
+    CHUNK,
+    KEY,
+    Fetcher,
+    Streamer,
+    layout,
+    make_segment,
+    open_cache,
+    verifier,
+)
 from support.waiting import wait_until
 
 from cache.accounting import CacheSettings
@@ -35,6 +45,8 @@ class CountingWrites:
     def __init__(self) -> None:
         self.written = 0
         self.full = False
+        #: the errno a failing write raises
+        self.error = errno.ENOSPC
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
@@ -43,7 +55,7 @@ class CountingWrites:
         self.entered.set()
         assert self.gate.wait(10), "a write was held for ever"
         if self.full:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(self.error, os.strerror(self.error))
         n = os.write(fd, view)
         self.written += n
         return n
@@ -178,10 +190,13 @@ def test_a_chunk_evicted_while_it_is_written_leaves_no_file(tmp_path: Path,
         assert cache.stats()["unwritten_evictions"] >= 1
 
 
-def test_a_chunk_that_cannot_be_written_is_dropped_and_read_again(tmp_path: Path,
-                                                                 data: bytes) -> None:
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=["full disk", "I/O error"])
+def test_a_chunk_that_cannot_be_written_is_dropped_and_read_again(tmp_path: Path, data: bytes,
+                                                                 error: int) -> None:
+    """Dropped, not retried for ever nor served from a file half written; an I/O error (not
+    a full disk, which trimming answers) is reported for /health."""
     writes = CountingWrites()
-    writes.full = True
+    writes.full, writes.error = True, error
     starts = layout(data, CHUNK)
     cache, fetch, stream = open_cache(tmp_path, data, strategy="lru", write=writes)
     with cache:
@@ -191,7 +206,37 @@ def test_a_chunk_that_cannot_be_written_is_dropped_and_read_again(tmp_path: Path
                 data[begin:min(begin + 3000, starts[2])])
         wait_until(lambda: ChunkId(KEY, 0) not in cache._entries, "chunk 0 to be dropped")
         assert files(tmp_path / "cache") == ([], [])
+        assert (cache.write_problem is None) == (error == errno.ENOSPC)
         writes.full = False
         requests = len(fetch.calls) + len(stream.opened)
         assert seg.read(0, 3000, reader="d") == data[:3000]  # downloaded again
         assert len(fetch.calls) + len(stream.opened) > requests
+
+
+@pytest.mark.parametrize("budget_chunks", [4, 128])
+def test_chunks_a_stopped_consumer_holds_are_written_once_buffers_run_short(
+        tmp_path: Path, data: bytes, budget_chunks: int) -> None:
+    """A consumer that stops keeps holding its chunks (until it idles out, minutes later).
+    Once more than half the buffers are lent, chunks nobody read for a second are written
+    behind, held or not, and their buffers go back for the consumers reading now; with
+    buffers to spare they stay in memory."""
+    now = [1000.0]
+    starts = layout(data, CHUNK)
+    stream = Streamer({KEY: data})
+    settings = CacheSettings(size_bytes=1 << 30, chunk_size=CHUNK, chunk_prefetch=2,
+                             memory_bytes=budget_chunks * CHUNK)
+    with ChunkCache(tmp_path / "cache", settings, Fetcher({KEY: data}), clock=lambda: now[0],
+                    disk_capacity=1 << 40, stream=stream) as cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg.read(0, 100, reader="a")
+        seg.read(100, 200, reader="a")  # the stream brings chunks 1 and 2: 3 buffers lent
+        wait_until(lambda: cache.stats()["memory_chunks"] == 3, "chunks 0..2 in memory")
+        now[0] += 2  # nobody reads them for two seconds
+        if budget_chunks == 4:
+            wait_until(lambda: cache.stats()["written_behind"] == 3, "the idle chunks written")
+            assert len(files(tmp_path / "cache")[0]) == 3
+            assert cache._buffers is not None and cache._buffers.lent_bytes == 0
+        else:
+            time.sleep(1.5)  # the watcher looked at least once
+            assert cache.stats()["memory_chunks"] == 3 and files(tmp_path / "cache")[0] == []
+        assert seg.read(200, starts[3], reader="a") == data[200:starts[3]]  # and it goes on

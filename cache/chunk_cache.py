@@ -20,11 +20,20 @@ its stream is served the verified start of the chunk (`open_chunk`) instead of w
 of it. The stream ends when the reader goes away, moves elsewhere, idles, or the next chunk is
 already cached; a broken stream falls back to one ranged GET per chunk.
 
+A streamed chunk (read-ahead, or one streamed for a read that missed it) is received into a
+buffer of `cache.buffers` rather than its file, checked and served from memory, and written to
+its file only if the cache still keeps it once no reader holds it (write-behind): under eager
+eviction a chunk one consumer read is evicted first and never written. Chunks in memory nobody
+has read for a second are written, held or not, once half the buffers' budget
+(`cloud_storage_cache_memory_size`) is lent; with no buffer to spare a chunk goes to its file as
+it arrives; `close()` writes what is still in memory (docs/remote-read.md, "Chunks in memory").
+
 Threads: reads may come from any thread. Without a `stream` function prefetches run on
 `prefetch_executor` (a private two-thread pool when none is given and
-`cloud_storage_chunk_prefetch` > 0); read-ahead streams run on their own daemon threads.
-`start()` runs the periodic check (`cloud_storage_cache_check_interval_ms`) on a daemon thread
-that `close()` stops.
+`cloud_storage_chunk_prefetch` > 0); read-ahead streams, the write-behind and the watch over
+idle chunks in memory run on their own daemon threads, which `close()` waits for. `start()`
+runs the periodic check (`cloud_storage_cache_check_interval_ms`) on a daemon thread that
+`close()` stops.
 """
 
 from __future__ import annotations
@@ -1030,7 +1039,8 @@ class ChunkCache:
 
     def _load(self, seg: SegmentInfo, index: int, entry: CacheEntry, lo: int, hi: int) -> bytes:
         """Bytes [lo, hi) of a stored chunk, checked against its block checksums; a file found
-        after a restart without remembered checksums is verified whole first."""
+        after a restart without remembered checksums is verified whole first. A chunk still
+        only in memory is read from there (it was checked as it arrived)."""
         with self._cond:
             buffer = entry.mapped.share() if entry.in_memory and entry.mapped else None
         if buffer is not None:  # checked as it arrived, and never written since

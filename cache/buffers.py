@@ -122,7 +122,7 @@ class ChunkBuffers:
 
     def _give_back(self, fd: int, mapping: mmap.mmap) -> None:
         with self._lock:
-            if not self._closed and self._count * self.capacity <= self.budget:
+            if not self._closed:
                 self._idle.append((fd, mapping, self._clock()))
                 return
             self._count -= 1

@@ -408,9 +408,7 @@ class ChunkCache:
         with self._cond:
             self._release_holds(self._readers.expire(self._clock() - self._reader_idle_s))
             self._trim(0, 0)
-            for entry in list(self._in_memory.values()):  # let go of without a release
-                if not self._is_held(entry):
-                    self._queue_write(entry)
+            self._write_unheld()  # chunks let go of without a release (an idle reader's)
             entries = [
                 disk.DiskEntry(e.chunk, e.size, e.last_access, e.crcs)
                 for e in self._entries.values()
@@ -1247,10 +1245,7 @@ class ChunkCache:
             entry = self._entries.get(chunk)
             if entry is not None and not self._is_held(entry):
                 self._evict(entry)
-        for chunk in list(self._by_segment.get(segment, ())):  # kept although let go of
-            entry = self._entries[chunk]
-            if entry.in_memory and not self._is_held(entry):
-                self._queue_write(entry)
+        self._write_unheld(segment)  # kept although let go of
 
     def _release_holds(self, chunks: Sequence[ChunkId]) -> None:
         for segment in dict.fromkeys(c.segment for c in chunks):
@@ -1314,6 +1309,13 @@ class ChunkCache:
         self._to_write[entry.chunk] = entry
         if not self._writing:
             self._writing = self.run_in_background(self._write_queued, "cache-write-behind")
+
+    def _write_unheld(self, segment: str | None = None) -> None:
+        """Queue the chunks in memory (of `segment`, or all) that nobody holds for writing
+        (under the lock): the cache keeps them once their readers are done."""
+        for entry in list(self._in_memory.values()):
+            if (segment is None or entry.chunk.segment == segment) and not self._is_held(entry):
+                self._queue_write(entry)
 
     def _left_memory(self, entry: CacheEntry) -> None:
         """`entry` is no longer (or never was) a chunk only in memory (under the lock)."""

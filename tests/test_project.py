@@ -36,6 +36,25 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert re.search(r'"\$rc" -eq 5', ci), "pytest's 'no tests' exit (5) must fail CI"
 
 
+def test_ci_runs_the_linters_before_the_tests_and_fails_on_them() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    lint = re.search(r'^LINT_COMMAND="(.*)"$', ci, flags=re.M)
+    assert lint, ".ci/run must define LINT_COMMAND"
+    assert all(tool in lint.group(1) for tool in ("ruff check", "mypy", "lint-imports"))
+    assert ci.index('bash -c "$LINT_COMMAND"') < ci.index('bash -c "$TEST_COMMAND"')
+    # a linter's failure ends the run with its exit code
+    after = ci[ci.index('bash -c "$LINT_COMMAND"'):ci.index('bash -c "$TEST_COMMAND"')]
+    assert 'exit "$rc"' in after
+
+
+def test_tests_never_install_on_the_host() -> None:
+    """Tests never change the host: CI installs tools, a missing one skips with its name."""
+    offenders = [p.relative_to(ROOT) for p in (ROOT / "tests").rglob("*.py")
+                 if "apt-get" in p.read_text() and p.name != "test_project.py"]
+    assert offenders == []
+    assert "apt-get" in (ROOT / ".ci" / "run").read_text()
+
+
 def test_pyproject_layout_and_extras() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = meta["project"]

@@ -758,6 +758,32 @@ def test_examples_are_valid(path: Path) -> None:
     assert effective is not None
 
 
+@pytest.mark.parametrize("path", [p for p in sorted((ROOT / "examples").glob("*.toml"))
+                                  if "# Check it with:" in p.read_text()],
+                         ids=lambda p: p.name)
+def test_examples_pass_the_check_they_document(path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer pastes the example's own "Check it with:" line: it must pass."""
+    from click.testing import CliRunner
+
+    from tiered.cli.main import cli
+
+    documented = re.search(r"^# Check it with:\s+tiered (.+)$", path.read_text(), flags=re.M)
+    assert documented is not None
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(cli, documented.group(1).split())
+    assert result.exit_code == 0, result.output
+
+
+def test_config_check_reports_a_missing_log_dir_beside_every_other_problem(
+        in_tmp: Path) -> None:
+    Path("t.toml").write_text('[storage]\nurl = "s3://"\n[log]\ndirs = ["no-such-dir"]\n')
+    effective, problems = check_config("t.toml")
+    assert effective is None
+    assert any("[storage] url" in p for p in problems), problems
+    assert any("no-such-dir does not exist" in p for p in problems), problems
+
+
 def test_minio_example_points_at_the_dev_stack() -> None:
     config = load_config(ROOT / "examples" / "minio.toml")
     assert config.storage.url == "s3://tiered"

@@ -157,7 +157,8 @@ def _parse_storage(
     )
 
 
-def _parse_log_dirs(table: Mapping[str, Any], base: Path, problems: _Problems) -> tuple[Path, ...]:
+def _parse_log_dirs(table: Mapping[str, Any], base: Path, problems: _Problems,
+                    check_dirs: bool = False) -> tuple[Path, ...]:
     raw = table.get("dirs", [])
     if isinstance(raw, str):  # Kafka's log.dirs is one comma-separated string
         raw = [part.strip() for part in raw.split(",")]
@@ -168,6 +169,8 @@ def _parse_log_dirs(table: Mapping[str, Any], base: Path, problems: _Problems) -
     for i, path in enumerate(dirs):
         if path in dirs[:i]:
             problems.add("[log] dirs", f"{str(path)!r} is listed twice")
+        elif check_dirs and not path.is_dir():
+            problems.add("[log] dirs", f"{path} does not exist or is not a directory")
     return tuple(dict.fromkeys(dirs))
 
 
@@ -178,11 +181,13 @@ def _default_cache_dir(url: str) -> Path:
     return Path(root) / "tiered" / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None = None) -> Config:
+def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None = None,
+                 check_dirs: bool = False) -> Config:
     """Validate parsed TOML `data` (from file `source`, named in every problem) into a Config.
 
-    Relative paths resolve against `base_dir` (default: the working directory). Raises one
-    ConfigError listing every problem found."""
+    Relative paths resolve against `base_dir` (default: the working directory). `check_dirs`:
+    also require every `[log] dirs` entry to exist here, among the other problems, so one
+    check reports them all. Raises one ConfigError listing every problem found."""
     problems = _Problems(source)
     base = (base_dir or Path.cwd()).absolute()
     for key, value in data.items():
@@ -210,7 +215,7 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None 
     storage = _parse_storage(_section(data, "storage", problems), cluster, problems)
 
     log_table = _section(data, "log", problems)
-    log_dirs = _parse_log_dirs(log_table, base, problems)
+    log_dirs = _parse_log_dirs(log_table, base, problems, check_dirs)
     mode = log_table.get("retention", "advise")
     if not isinstance(mode, str) or mode not in LOG_RETENTION_MODES:
         problems.add("[log] retention", f"expected 'enforce' or 'advise', got {describe(mode)}")
@@ -262,8 +267,9 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None 
     )
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
-    """Read, parse and validate the TOML file at `path`; ConfigError names every problem."""
+def load_config(path: str | os.PathLike[str], *, check_dirs: bool = False) -> Config:
+    """Read, parse and validate the TOML file at `path`; ConfigError names every problem
+    (`check_dirs`: as `parse_config`'s)."""
     source = str(path)
     file = Path(path)
     try:
@@ -284,7 +290,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: invalid TOML: {exc}") from None
-    return parse_config(data, source=source, base_dir=file.absolute().parent)
+    return parse_config(data, source=source, base_dir=file.absolute().parent,
+                        check_dirs=check_dirs)
 
 
 def check_config(
@@ -295,14 +302,11 @@ def check_config(
     exist here, as the commands that read the log do (off to check a file meant for another
     host, such as a container's)."""
     try:
-        config = load_config(path)
+        # the commands that read the log refuse a missing dir; the check says so too, beside
+        # every other problem rather than after they are fixed
+        config = load_config(path, check_dirs=check_dirs)
     except ConfigError as exc:
         return None, list(exc.problems)
-    # the commands that read the log refuse a missing dir; the check says so too
-    missing = [f"{config.source}: [log] dirs: {d} does not exist or is not a directory"
-               for d in config.log_dirs if check_dirs and not d.is_dir()]
-    if missing:
-        return None, missing
     return config.effective(mask_secrets=True), []
 
 

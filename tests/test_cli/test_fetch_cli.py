@@ -174,3 +174,22 @@ def test_several_fetch_processes_share_one_cache_directory(
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()[-2000:]
         assert out == image.expected(offset, 4000)
+
+
+def test_past_the_end_names_the_buckets_range_too(tmp_path: Path,
+                                                  file_store: FileStore) -> None:
+    """The local log starts late, the bucket holds 0..: the CLI names the whole readable
+    range, as the HTTP API's 416 does, instead of "older offsets may be in the bucket"."""
+    from support.remote import archived_partition, drop_local_segments
+
+    fx = archived_partition(tmp_path, file_store, batches=120)
+    drop_local_segments(fx.config, below=fx.end // 2)
+    config = tmp_path / "tiered.toml"
+    config.write_text(
+        f"[storage]\nurl = \"{(tmp_path / 'bucket').as_uri()}\"\n"
+        f"[log]\ndirs = [\"{fx.config.log_dirs[0]}\"]\n"
+        f"[cache]\ndir = \"{tmp_path / 'cache'}\"\n")
+    result = fetch(config, "--partition", "0", "--offset", str(fx.end + 5))
+    assert result.exit_code == 4
+    assert "may be in the bucket" not in result.stderr
+    assert f"readable offsets 0..{fx.end - 1}" in result.stderr, result.stderr

@@ -10,14 +10,18 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from cache.reader import DEFAULT_MAX_BYTES
 from tiered.cli.options import config_option
+from tiered.errors import OffsetOutOfRange, TieredError
+
+if TYPE_CHECKING:
+    from cache.reader import Reader
 
 log = logging.getLogger("tiered.fetch")
-
 
 
 @click.command("fetch")
@@ -46,10 +50,32 @@ def fetch_command(config_path: Path, topic: str, partition: int, offset: int, ma
 
     config = load_config(config_path)
     with Reader.from_config(config) as reader:
-        result = reader.fetch(topic, partition, offset, max_bytes)
+        try:
+            result = reader.fetch(topic, partition, offset, max_bytes)
+        except OffsetOutOfRange as exc:
+            raise OffsetOutOfRange(_out_of_range(reader, topic, partition, offset, exc)) from None
         body = FORMATS[fmt][1](result)
     out = sys.stdout.buffer
     out.write(body)
     out.flush()
     log.info("%s-%d: %d bytes from offset %d (%s); next offset %d", topic, partition,
              len(result.data), offset, result.source, result.next_offset)
+
+
+def _out_of_range(reader: Reader, topic: str, partition: int, offset: int,
+                  exc: OffsetOutOfRange) -> str:
+    """The error with the whole readable range, local log and bucket, as the HTTP API's 416
+    names it: the fetch path may not have read the head (a daemon's consumer polling at the
+    end must stay cheap), but a person running one command wants the real bounds."""
+    try:
+        start = reader.earliest_offset(topic, partition)
+        end = reader.latest_offset(topic, partition)
+    except TieredError:
+        return str(exc)  # the bounds could not be read: the fetch's own words
+    if start <= offset < end:
+        return str(exc)  # in range but not readable (remote read off): the fetch says why
+    if end <= start:
+        return f"{topic}-{partition}: offset {offset} is not readable: the log is empty " \
+               f"(its end is {end})"
+    return (f"{topic}-{partition}: offset {offset} is outside the readable offsets "
+            f"{start}..{end - 1} (the log end is {end})")

@@ -368,3 +368,22 @@ def test_unreachable_endpoint_is_retried_then_a_store_error() -> None:
         with pytest.raises(StoreError, match=f"127.0.0.1:{port}.*gave up after 2 attempts"):
             store.head("k")
         assert store.stats.snapshot()["attempts"] == 2
+
+
+def test_a_wrong_endpoint_says_to_check_it(s3_bucket: str,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens at the configured endpoint: every retry line and the final error say
+    to check `endpoint_url`, not only "could not connect"."""
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = S3Store(StoreSettings(url=f"s3://{s3_bucket}",
+                                  endpoint_url=f"http://127.0.0.1:{port}", max_attempts=3,
+                                  initial_backoff_ms=0, max_backoff_ms=0, connect_timeout_s=2.0),
+                    sleep=no_sleep)
+    with caplog.at_level(logging.WARNING, logger="tiered.store.retry"), \
+            pytest.raises(StoreError) as info:
+        store.head("seg/1.log")
+    assert "endpoint_url" in str(info.value) and f"127.0.0.1:{port}" in str(info.value)
+    retries = [r.getMessage() for r in caplog.records if r.name == "tiered.store.retry"]
+    assert len(retries) == 3 and all("endpoint_url" in line for line in retries)

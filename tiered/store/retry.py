@@ -95,6 +95,18 @@ def error_code(exc: BaseException) -> tuple[str, int | None]:
     return code, status if isinstance(status, int) else None
 
 
+#: what a person should check when no connection to the store can be made at all
+UNREACHABLE_HINT = ("; cannot connect to the store: check [storage] endpoint_url (and "
+                    "region) and that the server is up and reachable from here")
+
+
+def is_unreachable(exc: BaseException | None) -> bool:
+    """True when no connection could be made (wrong endpoint, server down), as opposed to
+    one that broke or an answer that refused: the error a wrong `endpoint_url` gives."""
+    return isinstance(exc, botocore.exceptions.EndpointConnectionError
+                      | ConnectionRefusedError)
+
+
 def is_retryable(exc: BaseException) -> bool:
     """True when repeating the same request later can succeed.
 
@@ -265,13 +277,14 @@ class Retrier:
             exc = outcome.exception() if outcome is not None else None
             delay = state.next_action.sleep if state.next_action is not None else 0.0
             log.warning(
-                "store %s %r: attempt %d/%d failed (%s), retrying in %.3fs",
+                "store %s %r: attempt %d/%d failed (%s), retrying in %.3fs%s",
                 operation,
                 key,
                 state.attempt_number,
                 self.policy.max_attempts,
                 describe(exc) if exc is not None else "?",
                 delay,
+                UNREACHABLE_HINT if is_unreachable(exc) else "",
             )
 
         retrying = tenacity.Retrying(
@@ -298,11 +311,12 @@ class Retrier:
                 stats.add(errors=1, exhausted=1 if retryable else 0)
             if retryable:
                 log.error(
-                    "store %s %r: giving up after %d attempts: %s",
+                    "store %s %r: giving up after %d attempts: %s%s",
                     operation,
                     key,
                     attempts,
                     describe(exc),
+                    UNREACHABLE_HINT if is_unreachable(exc) else "",
                 )
             raise mapped from exc
         finally:

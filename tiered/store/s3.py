@@ -44,7 +44,15 @@ from tiered.store.errors import (
     StoreError,
 )
 from tiered.store.multipart import FileRange, PartScheduler, part_size, upload_parts
-from tiered.store.retry import Retrier, RetryPolicy, RetryStats, describe, error_code
+from tiered.store.retry import (
+    UNREACHABLE_HINT,
+    Retrier,
+    RetryPolicy,
+    RetryStats,
+    describe,
+    error_code,
+    is_unreachable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +137,8 @@ def map_s3_error(
             "(environment, profile, instance metadata)"
         )
     if isinstance(exc, botocore.exceptions.BotoCoreError | OSError):
-        return StoreError(f"{operation} {where} failed: {describe(exc)}{after}")
+        hint = UNREACHABLE_HINT if is_unreachable(exc) else ""
+        return StoreError(f"{operation} {where} failed: {describe(exc)}{after}{hint}")
     return exc
 
 

@@ -121,13 +121,15 @@ class SoleWriter:
     is the only writer by construction (tests, the demo, a store without conditional writes,
     where leases cannot be made safe)."""
 
-    node: str | None = None
+    def __init__(self, node: str | None = None) -> None:
+        #: this process's node name, shown as the uploader (describe-storage) when known
+        self.node = node
 
     def publish(self, replicas: Mapping[PartitionId, int]) -> None:
         pass
 
     def role(self, pid: PartitionId) -> Role:
-        return Role(True)
+        return Role(True, holder=self.node)
 
     def lost(self, pid: PartitionId) -> None:
         pass

@@ -159,7 +159,8 @@ class Archiver:
         ownership: Ownership | None = None,
     ) -> None:
         cluster = config.cluster
-        self.ownership: Ownership = ownership or SoleWriter()
+        # the sole writer is this node: describe-storage names it as the uploader
+        self.ownership: Ownership = ownership or SoleWriter(_node_name(config))
         self.config = config
         self.store = store
         self.clock = clock
@@ -696,3 +697,10 @@ class Archiver:
         with self._lock:
             self._partitions.clear()
 
+
+def _node_name(config: Config) -> str | None:
+    """This node's name for reports; None when it cannot be read (it only labels rows)."""
+    try:
+        return config.node_id()
+    except (TieredError, OSError):
+        return None

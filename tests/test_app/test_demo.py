@@ -64,6 +64,9 @@ def test_demo_command_archives_trims_and_shows(tmp_path: Path,
     assert "PARTITION" in result.stdout and "orders-2" in result.stdout
     assert lines[-1] == "next: tiered describe-storage --config tiered-demo/tiered.toml"
     assert len(lines) < 20  # a few readable lines
+    # the demo uploads as this node: its rows name it, never "-" beside the role "uploader"
+    rows = [line.split() for line in lines if line.strip().startswith("orders-")]
+    assert rows and all(r[-1] == "uploader" and r[-2] != "-" for r in rows), result.stdout
     read_back = [line for line in lines if line.startswith("read offsets 0..")]
     assert len(read_back) == 1, result.stdout
     assert re.fullmatch(

@@ -85,8 +85,9 @@ def test_describe_rows_have_the_documented_fields(tmp_path: Path, s3_store: Obje
     [row] = fresh.describe("orders")
     assert set(row) == {"topic", "partition", "high_watermark", "local", "remote",
                         "pending_bytes", "safe_to_delete_below", "uploader", "role"}
-    # an Archiver built without leases is the sole writer of what it holds
-    assert row["role"] == "uploader" and row["uploader"] is None
+    # an Archiver built without leases is the sole writer of what it holds, and names itself
+    # as its uploader (never "-" beside the role "uploader")
+    assert row["role"] == "uploader" and row["uploader"] == config.node_id()
     assert set(row["local"]) == {"start_offset", "last_offset", "size_bytes", "segments"}
     assert set(row["remote"]) == {"start_offset", "last_offset", "size_bytes", "segments",
                                   "archived_manifests"}

@@ -153,6 +153,7 @@ def test_docker_compose_daemon_config_passes_config_check() -> None:
 
 
 def test_seed_script_writes_a_log_the_local_log_reader_accepts(tmp_path: Path) -> None:
+    from tiered.config import parse_config
     from tiered.kafka.local_log import LocalLog
 
     run = subprocess.run(
@@ -164,3 +165,7 @@ def test_seed_script_writes_a_log_the_local_log_reader_accepts(tmp_path: Path) -
     log.scan()
     partitions = list(log)
     assert partitions and all(p.closed_segments and p.high_watermark for p in partitions)
+    # a broker's log dir names its node: the sidecar is named after it, not the host
+    config = parse_config({"storage": {"url": "s3://b"}, "log": {"dirs": [str(tmp_path)]}},
+                          source="<test>")
+    assert config.node_id() == "1"

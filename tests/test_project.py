@@ -166,6 +166,6 @@ def test_seed_script_writes_a_log_the_local_log_reader_accepts(tmp_path: Path) -
     partitions = list(log)
     assert partitions and all(p.closed_segments and p.high_watermark for p in partitions)
     # a broker's log dir names its node: the sidecar is named after it, not the host
-    config = parse_config({"storage": {"url": "s3://b"}, "log": {"dirs": [str(tmp_path)]}},
+    config = parse_config({"storage": {"url": "s3://bucket"}, "log": {"dirs": [str(tmp_path)]}},
                           source="<test>")
     assert config.node_id() == "1"

@@ -371,3 +371,33 @@ def test_describe_storage_shows_how_the_probe_found_conditional_writes(
     assert invoke("archive", "--once", "--config", str(config)).exit_code == 0
     after = invoke("describe-storage", "--config", str(config))
     assert "conditional writes: enforced (If-Match sent native)" in after.stdout
+
+
+def test_bucket_create_makes_the_bucket_archive_then_uses(tmp_path: Path,
+                                                          moto_endpoint: str) -> None:
+    """A user without the compose stack creates the bucket with one command; a second run
+    says it is there and still exits 0."""
+    import uuid
+
+    log_dir = tmp_path / "log"
+    write_log(log_dir, "orders", partitions=1, batches=5)
+    bucket = f"made-by-tiered-{uuid.uuid4().hex[:12]}"
+    config = _s3_config(tmp_path, moto_endpoint, bucket, log_dir)
+    before = CliRunner().invoke(cli, ["-q", "archive", "--once", "--config", str(config)])
+    assert before.exit_code != 0 and "bucket does not exist" in before.stderr
+    made = CliRunner().invoke(cli, ["bucket", "create", "--config", str(config), "--json"])
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.stdout) == {"url": f"s3://{bucket}/pfx", "created": True}
+    again = CliRunner().invoke(cli, ["bucket", "create", "--config", str(config)])
+    assert again.exit_code == 0 and "already exists" in again.stdout
+    after = CliRunner().invoke(cli, ["-q", "archive", "--once", "--config", str(config)])
+    assert after.exit_code == 0, after.output
+
+
+def test_bucket_create_for_a_directory_bucket(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "f.toml", (tmp_path / "bucket").as_uri(), tmp_path)
+    made = CliRunner().invoke(cli, ["bucket", "create", "--config", str(config)])
+    assert made.exit_code == 0 and "created the bucket" in made.stdout
+    assert (tmp_path / "bucket").is_dir()
+    again = CliRunner().invoke(cli, ["bucket", "create", "--config", str(config)])
+    assert again.exit_code == 0 and "already exists" in again.stdout

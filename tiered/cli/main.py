@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "archive": ("tiered.cli.commands:archive_command",
         "One full archiving pass: upload every eligible segment, commit manifests, apply "
         "remote and local retention, collect garbage."),
+    "bucket": ("tiered.cli.bucket:bucket_group",
+        "Manage the bucket a configuration names."),
     "config": ("tiered.cli.inspect:config_group",
         "Inspect and validate configuration files."),
     "demo": ("tiered.cli.commands:demo_command",

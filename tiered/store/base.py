@@ -248,6 +248,12 @@ class ObjectStore(abc.ABC):
             return False
         return True
 
+    def create_bucket(self) -> bool:
+        """Create the bucket this store writes to when it is missing: True when it was
+        created, False when it was already there (ours). For `tiered bucket create`, the
+        step a user without the dev stack's compose file needs before the first upload."""
+        raise NotImplementedError(f"{type(self).__name__} cannot create its bucket")
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store must not be used afterwards."""
 

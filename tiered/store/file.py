@@ -145,11 +145,17 @@ class FileStore(ObjectStore):
         scheme, self.root, _ = parse_store_url(settings.url)
         if scheme != self.scheme:
             raise ConfigError(f"FileStore cannot serve {settings.url!r}: not a file:// URL")
+        #: the root was missing and this store made it (see `create_bucket`)
+        self._made_root = not os.path.isdir(self.root)
         try:
             os.makedirs(os.path.join(self.root, LOCK_DIR), exist_ok=True)
             os.makedirs(os.path.join(self.root, ETAG_DIR), exist_ok=True)
         except OSError as exc:
             raise self._os_error("open", "", exc) from exc
+
+    def create_bucket(self) -> bool:
+        """The root directory is made when the store opens; True when it was missing then."""
+        return self._made_root
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.settings,))

@@ -241,7 +241,7 @@ class S3Store(ObjectStore):
         return full
 
     def _where(self, key: str) -> str:
-        return f"s3://{self.bucket}/{self.prefix}{key}"
+        return f"s3://{self.bucket}/{self.prefix}{key}" if key else f"s3://{self.bucket}"
 
     def _call(
         self, operation: str, key: str, fn: Callable[[], T], *, conditional: bool = False
@@ -254,6 +254,33 @@ class S3Store(ObjectStore):
             )
 
         return self.retrier.call(operation, key, fn, mapper)
+
+    # -- the bucket ------------------------------------------------------------------------
+
+    def create_bucket(self) -> bool:
+        """CreateBucket in the configured region; an existing bucket of ours is no error, one
+        another account owns is (AWS's BucketAlreadyExists)."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket}
+        region = self._client.meta.region_name
+        if region and region != "us-east-1":  # us-east-1 takes no location constraint
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+
+        def create() -> bool:
+            try:  # us-east-1 answers 200 to creating a bucket one owns: ask first
+                self._client.head_bucket(Bucket=self.bucket)
+                return False
+            except botocore.exceptions.ClientError as exc:
+                if error_code(exc)[1] != 404:
+                    raise
+            try:
+                self._client.create_bucket(**kwargs)
+            except botocore.exceptions.ClientError as exc:
+                if error_code(exc)[0] == "BucketAlreadyOwnedByYou":
+                    return False
+                raise
+            return True
+
+        return self._call("create bucket", "", create)
 
     # -- writes ----------------------------------------------------------------------------
 

@@ -66,6 +66,20 @@ class Enumeration:
     partitions: tuple[PartitionRef, ...]
     problems: tuple[str, ...] = ()
 
+    def require(self, topic: str | None) -> Enumeration:
+        """Self, or an error when a job was asked for one topic the bucket does not know (not
+        even as an unreadable manifest): a typo must not pass for "nothing to do"."""
+        if topic is not None and not self.topics and not self.problems:
+            raise UnknownTopic(f"unknown topic {topic!r}: the bucket holds no topic manifest "
+                               "for it (check the name, or the [storage] url)")
+        return self
+
+
+class UnknownTopic(TieredError):
+    """A job named a topic that is not in the bucket."""
+
+    exit_code = 7
+
 
 def enumerate_partitions(store: ObjectStore, topic: str | None = None) -> Enumeration:
     """Every partition of every topic manifest in the bucket (16 listings), optionally only

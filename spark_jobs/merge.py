@@ -288,7 +288,7 @@ def _delete_unreferenced(
 
 def _states(ctx: JobContext, topic: str | None) -> tuple[list[PartitionState], list[dict[str, Any]],
                                                           list[str]]:
-    found = ctx.enumerate(topic)
+    found = ctx.enumerate(topic).require(topic)
     manifests: dict[tuple[str, str], TopicManifest] = {
         (t.topic, t.revision): t for t in found.topics
     }

@@ -61,8 +61,9 @@ def test_merge_human_output_and_topic_filter(file_store: ObjectStore, spark: Any
     seed(make_context(file_store).manifests, partitions=1, segments=12)
     config = write_config(tmp_path / "tiered.toml", file_store)
     other = CliRunner().invoke(cli, ["merge", "--config", str(config), "--topic", "nope"])
-    assert other.exit_code == 0, other.output
-    assert "segments: 0 -> 0" in other.stdout
+    # a typo is not "nothing to do": the topic is unknown, said once, non-zero
+    assert other.exit_code == 7, other.output
+    assert "unknown topic 'nope'" in other.stderr and "Traceback" not in other.output
     result = CliRunner().invoke(cli, ["merge", "--config", str(config), "--topic", TOPIC])
     assert result.exit_code == 0, result.output
     assert "segments: 12 -> " in result.stdout

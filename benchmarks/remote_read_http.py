@@ -5,9 +5,9 @@ Set-up: a moto_server child process; partition 0 of a topic holds `--segments` c
 of `--segment-mb` MiB (incompressible 64 KiB batches) archived into the bucket by the real
 archiver and deleted locally, plus a small active segment; partitions 1 and 2 hold one
 archived segment each and an active segment of 16 MiB (1) or `--big-active-mb` MiB whose
-`.index` is empty (2: the case that used to cost a scan per fetch). A real `tiered run` child
-process serves `GET /v1/topics/T/partitions/P/records` with `cloud_storage_chunk_prefetch =
---prefetch`.
+`.index` is empty (2: the log end must not cost a scan of it per fetch). A real `tiered run`
+child process serves `GET /v1/topics/T/partitions/P/records` with
+`cloud_storage_chunk_prefetch = --prefetch`.
 
 Measures (MB/s are 10**6 bytes per second; every byte read is compared with the log):
 * sequential: one new consumer session reads a segment start to end in 1 MiB fetches over one

@@ -506,9 +506,9 @@ def run_naive_baseline(work: Path, *, moto: str, bucket: str, seed: int, partiti
                        segment_bytes: tuple[int, int, int] = (24_000, 31_000, 40_000)
                        ) -> dict[str, Any]:
     """What three sidecars without upload leases do (each uploading everything it holds, as
-    if it were the only writer): the same replicated log, written for `seconds`, then three archivers
-    pass over their replicas side by side until none uploads more. Returns the bytes each
-    sent and the amplification."""
+    if it were the only writer): the same replicated log, written for `seconds`, then three
+    archivers pass over their replicas side by side until none uploads more. Returns the bytes
+    each sent and the amplification."""
     from archiver.service import Archiver
 
     rng = random.Random(seed)

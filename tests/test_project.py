@@ -169,3 +169,22 @@ def test_seed_script_writes_a_log_the_local_log_reader_accepts(tmp_path: Path) -
     config = parse_config({"storage": {"url": "s3://bucket"}, "log": {"dirs": [str(tmp_path)]}},
                           source="<test>")
     assert config.node_id() == "1"
+
+
+def test_docs_describe_the_system_not_its_history() -> None:
+    """The docs say what is; git keeps the history, so no commit hashes in prose."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    commit = re.compile(r"\bcommits? [0-9a-f]{7,40}\b", flags=re.I)
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in pages
+             for m in commit.finditer(p.read_text())]
+    assert found == []
+
+
+def test_performance_page_covers_every_benchmark() -> None:
+    """docs/performance.md says, for every script in benchmarks/, how to rerun it."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")
+                     if not p.name.startswith("_"))
+    assert scripts
+    assert [s for s in scripts if f"benchmarks/{s}" not in text] == []
+    assert "docs/performance.md" in (ROOT / "README.md").read_text()

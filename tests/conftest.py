@@ -1,13 +1,17 @@
-"""Shared fixtures.
+"""Shared fixtures, and the test tiers.
 
 Object stores: one moto S3 server over real HTTP on 127.0.0.1 for the whole session (boto3
 talks to it exactly as to AWS), a fresh bucket per test, and `store`, parametrised over every
 backend, for the contract suite.
+
+Tiers: `pytest` runs everything (CI and the README). `pytest -m "not slow"` is the fast tier a
+developer runs while changing code: the slow tier is every test that needs the S3 server over
+HTTP (marked `s3` here, from the fixtures it uses), Spark (its folder's conftest), processes,
+crashes, real Kafka clients, the chaos run or a benchmark script (marked in their modules).
 """
 
 from __future__ import annotations
 
-import os
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +21,14 @@ from typing import Any
 import boto3
 import pytest
 from faultproxy import FaultProxy
+from support.s3 import (
+    EXTERNAL_S3,
+    FAKE_AWS_ENV,
+    TEST_MULTIPART_THRESHOLD,
+    condition_form,
+    no_sleep,
+    s3_settings,
+)
 
 from tiered.store import (
     STORES,
@@ -24,33 +36,7 @@ from tiered.store import (
     ObjectStore,
     S3Store,
     StoreSettings,
-    probe_conditional_writes,
 )
-
-#: fixtures shared by the tests of several modules (tests/support/)
-pytest_plugins = ["support.remote", "support.spark", "support.kafka_fixtures"]
-
-#: small enough that a test file of a few parts exercises multipart; S3's minimum part size
-TEST_MULTIPART_THRESHOLD = 5 * 1024 * 1024
-
-_FAKE_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_SESSION_TOKEN": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    # never read the developer's own profile or credentials
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-}
-
-
-def no_sleep(seconds: float) -> None:
-    """Retry backoff that does not wait: fault tests count attempts, not seconds."""
-
-
-#: a real S3 server to run the S3 tests against instead of moto (keys testing/testing), e.g.
-#: Ceph RGW from `ceph_rgw.sh up DIR PORT`: TIERED_TEST_S3_ENDPOINT=http://127.0.0.1:PORT
-EXTERNAL_S3 = os.environ.get("TIERED_TEST_S3_ENDPOINT")
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +46,7 @@ def moto_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in _FAKE_AWS_ENV.items():
+        for name, value in FAKE_AWS_ENV.items():
             mp.setenv(name, value)
         mp.delenv("AWS_PROFILE", raising=False)
         if EXTERNAL_S3:
@@ -88,45 +74,6 @@ def s3_bucket(moto_endpoint: str) -> Iterator[str]:
     reset = urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")
     with urllib.request.urlopen(reset, timeout=30):
         pass
-
-
-def s3_settings(endpoint: str, bucket: str, prefix: str = "pfx", **overrides: Any) -> StoreSettings:
-    """Settings for the test bucket: explicit fake credentials, a small multipart threshold."""
-    fields: dict[str, Any] = {
-        "url": f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}",
-        "endpoint_url": endpoint,
-        "region": "us-east-1",
-        "access_key": "testing",
-        "secret_key": "testing",
-        "multipart_threshold": TEST_MULTIPART_THRESHOLD,
-        "multipart_chunksize": TEST_MULTIPART_THRESHOLD,
-        "max_attempts": 4,
-        "initial_backoff_ms": 1,
-        "max_backoff_ms": 5,
-    }
-    fields.update(overrides)
-    return StoreSettings(**fields)
-
-
-def condition_form(endpoint: str) -> str:
-    """The If-Match spelling the server at `endpoint` enforces, found once by the start-up
-    probe as tiered finds it (moto and AWS: quoted; Ceph RGW 16.2: bare)."""
-    if endpoint not in _FORMS:
-        with S3Store(s3_settings(endpoint, _probe_bucket(endpoint)), sleep=no_sleep) as store:
-            probe_conditional_writes(store)
-            _FORMS[endpoint] = store.condition_form
-    return _FORMS[endpoint]
-
-
-_FORMS: dict[str, str] = {}
-
-
-def _probe_bucket(endpoint: str) -> str:
-    name = f"tiered-probe-{uuid.uuid4().hex[:12]}"
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    client.create_bucket(Bucket=name)
-    client.close()
-    return name
 
 
 @pytest.fixture
@@ -192,3 +139,20 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+#: fixtures whose use means the S3 server over HTTP (each depends on `moto_endpoint`)
+_S3_FIXTURES = frozenset({"moto_endpoint", "s3_bucket", "s3_store", "fault_proxy",
+                          "proxied_s3_store"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that talk to the S3 server `s3` and `slow` (see the module docstring):
+    by the fixtures they use, or the `store` backend they are parametrised with."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("store") if callspec is not None else None
+        if names & _S3_FIXTURES or backend == "s3":
+            item.add_marker(pytest.mark.s3)
+            item.add_marker(pytest.mark.slow)

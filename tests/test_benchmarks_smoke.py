@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+#: runs the benchmark scripts: the slow tier
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
 

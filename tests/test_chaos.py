@@ -21,6 +21,7 @@ SECONDS = float(os.environ.get("TIERED_CHAOS_SECONDS", "45"))
 
 @pytest.mark.spark
 @pytest.mark.chaos
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_daemons_archive_once_and_merge_under_faults_lose_nothing(
     tmp_path: Path, moto_endpoint: str, s3_bucket: str, spark: Any

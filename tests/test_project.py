@@ -8,6 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,6 +153,7 @@ def test_docker_compose_daemon_config_passes_config_check() -> None:
     assert "s3://tiered" in result.output
 
 
+@pytest.mark.slow  # a process
 def test_seed_script_writes_a_log_the_local_log_reader_accepts(tmp_path: Path) -> None:
     from tiered.config import parse_config
     from tiered.kafka.local_log import LocalLog

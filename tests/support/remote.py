@@ -257,13 +257,3 @@ def private_remote(tmp_path: Path, factory: pytest.TempPathFactory) -> Fixture:
     config = make_config(tmp_path)
     store = FileStore(StoreSettings(url=(tmp_path / "bucket").as_uri()))
     return Fixture(config, store, image, end)
-
-
-@pytest.fixture
-def remote_only(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return shared_remote(tmp_path, tmp_path_factory)
-
-
-@pytest.fixture
-def remote_copy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return private_remote(tmp_path, tmp_path_factory)

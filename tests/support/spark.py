@@ -3,7 +3,6 @@ them, a job context over it, and a partition read back byte for byte."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import crc32c
@@ -18,9 +17,6 @@ from tiered.kafka.index import OffsetIndex
 from tiered.kafka.records import iter_batch_headers
 from tiered.kafka.segment import build_indexes
 from tiered.store.base import ObjectStore
-
-pytestmark = pytest.mark.spark
-
 
 TOPIC, REVISION = "orders", "7"
 
@@ -149,10 +145,3 @@ def assert_every_offset_reads_back(mstore: ManifestStore, partition: int, log: b
                 break
         else:
             pytest.fail(f"offset {off} not found in {seg.object_name}")
-
-
-@pytest.fixture
-def ctx(file_store: ObjectStore, spark: Any) -> Iterator[JobContext]:
-    context = make_context(file_store, cloud_storage_segment_size_target=8192,
-                           cloud_storage_segment_size_min=4096)
-    yield context

@@ -566,6 +566,7 @@ def test_health_of_before_the_first_round_is_starting() -> None:
 
 
 
+@pytest.mark.slow  # daemon processes
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_stops_a_running_daemon_cleanly(tmp_path: Path, signum: int) -> None:
     from tiered.kafka.checkpoints import TopicPartition

@@ -153,6 +153,7 @@ def test_read_back_reports_changed_bytes_and_a_missing_object_and_skips_local_da
             "failed: ")
 
 
+@pytest.mark.slow  # two demo runs
 def test_a_second_run_continues_and_archives_only_what_is_new(tmp_path: Path) -> None:
     base = tmp_path / "d"
     first = run_demo(base, echo=lambda line: None)
@@ -192,6 +193,7 @@ def test_written_config_loads_back_to_the_demo_settings(tmp_path: Path) -> None:
     assert loaded.cluster["retention_local_strict"] is True
 
 
+@pytest.mark.slow  # a process
 def test_the_demo_summary_is_not_buried_in_log_lines(tmp_path: Path) -> None:
     """On a terminal the demo's summary is its output: no INFO lines unless -v asks."""
     run = subprocess.run([sys.executable, "-m", "tiered.cli", "demo", "--dir",

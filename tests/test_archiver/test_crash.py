@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
+import pytest
 from click.testing import CliRunner
 from support.configs import s3_section
 from support.processes import child_env, tiered_command
@@ -39,6 +40,9 @@ from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_waterm
 from tiered.kafka.segment import parse_segment_file_name
 from tiered.store import PROBE_PREFIX, ObjectStore, open_store
 from tiered.store.probe import probe_key
+
+#: kill -9 of real daemon processes: the slow tier
+pytestmark = pytest.mark.slow
 
 TOPIC = "orders"
 PARTITIONS = 3

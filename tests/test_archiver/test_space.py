@@ -364,6 +364,7 @@ def assert_only_safe(parts: list[PartitionView], deletions: tuple[Deletion, ...]
     st.booleans(),
     st.integers(0, 10),
 )
+@pytest.mark.slow  # a property over many random logs
 def test_space_management_never_deletes_unuploaded_or_active_data(
     parts: list[PartitionView], total: int, free: int, min_free: int, strict: bool, cursor: int
 ) -> None:
@@ -384,6 +385,7 @@ def test_space_management_never_deletes_unuploaded_or_active_data(
     assert phases == sorted(phases)  # phases run in order
 
 
+@pytest.mark.slow  # a property over many random logs
 @given(st.lists(partitions(), max_size=5), st.booleans())
 def test_local_retention_never_deletes_unuploaded_or_active_data(
     parts: list[PartitionView], strict: bool

@@ -190,6 +190,7 @@ def test_chunk_writes_failing_are_remembered_until_one_succeeds(tmp_path: Path,
     assert cache.write_problem is None
 
 
+@pytest.mark.slow  # concurrent readers per strategy
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_limits_hold_within_one_chunk_under_concurrent_readers(
     tmp_path: Path, strategy: str

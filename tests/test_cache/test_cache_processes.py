@@ -15,6 +15,9 @@ import pytest
 
 from cache import disk
 
+#: several processes on one cache directory: the slow tier
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: one process: open the cache (the start-up walk), read random ranges with small limits (so

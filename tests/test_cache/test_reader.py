@@ -52,6 +52,7 @@ from tiered.store.base import Blob, ObjectStore, RangeStream
 from tiered.store.s3 import S3Store
 
 
+@pytest.mark.slow  # every offset of a partition
 def test_every_offset_reads_back_byte_identical_after_local_data_is_gone(
     tmp_path: Path, store: ObjectStore
 ) -> None:

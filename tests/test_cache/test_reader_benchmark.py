@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+#: runs the read benchmarks: the slow tier
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -157,6 +157,7 @@ def test_fetch_from_a_bucket_that_does_not_exist_says_so(tmp_path: Path,
     assert result.exit_code != 0 and "bucket does not exist" in result.stderr, result.stderr
 
 
+@pytest.mark.slow  # processes
 def test_several_fetch_processes_share_one_cache_directory(
         config_file: Path, remote_template: tuple[Path, LogImage, int]) -> None:
     """`tiered fetch` runs at once on one `[cache] dir`: each walks, trims and writes it while

@@ -518,6 +518,7 @@ def _batches(draw: st.DrawFn) -> tuple[list[Record], dict]:
     return records, kwargs
 
 
+@pytest.mark.slow  # a property over many batches
 @settings(max_examples=150, deadline=None)
 @given(batch=_batches())
 def test_random_batches_round_trip(batch: tuple[list[Record], dict]) -> None:

@@ -33,7 +33,8 @@ from manifests.group_offsets import load_group_offsets
 from tiered.app.daemon import Daemon
 from tiered.store import S3Store, StoreSettings
 
-pytestmark = pytest.mark.timeout(300)
+#: real Kafka clients against a daemon: the slow tier
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 PARTITIONS = (0, 1)
 #: a loop waiting for a client gives up after this long (a bound, never an assertion)

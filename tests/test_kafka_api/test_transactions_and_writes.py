@@ -26,7 +26,8 @@ from support.kafka_endpoint import (
 
 from tiered.app.daemon import Daemon
 
-pytestmark = pytest.mark.timeout(300)
+#: real Kafka clients against a daemon: the slow tier
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 PATIENCE_S = 120.0
 

@@ -146,6 +146,7 @@ def manifests(draw: st.DrawFn) -> PartitionManifest:
     return m
 
 
+@pytest.mark.slow  # a property over many manifests
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(manifests())
 def test_partition_manifest_round_trips(m: PartitionManifest) -> None:
@@ -154,6 +155,7 @@ def test_partition_manifest_round_trips(m: PartitionManifest) -> None:
     assert encode_partition_manifest(decode_partition_manifest(data)) == data  # canonical
 
 
+@pytest.mark.slow  # a property over many manifests
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(segment_runs(0, 7).filter(bool))
 def test_archived_manifest_round_trips(segs: list[SegmentMeta]) -> None:

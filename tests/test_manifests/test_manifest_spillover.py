@@ -60,6 +60,7 @@ def depth(ms: ManifestStore, m: PartitionManifest, offset: int) -> int:
     st.lists(st.integers(1, 400), min_size=1, max_size=25),
     st.sampled_from([2048, 4096, 8192]),
 )
+@pytest.mark.slow  # a long history
 def test_head_stays_under_twice_the_spillover_size(sizes: list[int], spill: int) -> None:
     store = MemoryStore()
     ms, m, _, flat = build(store, sizes, spill)
@@ -107,6 +108,7 @@ def test_every_offset_is_found_with_at_most_one_archive_get_cold_and_none_warm()
         assert store.calls["get"] == before  # warm: served from the cache
 
 
+@pytest.mark.slow  # a long history
 def test_folded_history_keeps_lookups_exact_and_the_head_bounded() -> None:
     """A history long enough that archive entries fold into index manifests (level >= 1)."""
     store = MemoryStore()

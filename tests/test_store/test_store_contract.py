@@ -17,7 +17,7 @@ from typing import Any
 
 import crc32c
 import pytest
-from conftest import EXTERNAL_S3, TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
+from support.s3 import EXTERNAL_S3, TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
 
 from tiered.store import (
     FileStore,
@@ -150,6 +150,7 @@ def test_list_is_in_key_order_and_filters_by_prefix(store: ObjectStore) -> None:
     assert [i.key for i in store.list("zzz")] == []
 
 
+@pytest.mark.slow  # thousands of objects
 def test_list_paginates_and_delete_many_batches_past_1000(store: ObjectStore) -> None:
     keys = [f"many/{i:05d}" for i in range(1100)]
     with ThreadPoolExecutor(8) as pool:
@@ -438,6 +439,7 @@ def _cas_increment_worker(url: str, key: str, times: int, barrier: Any, results:
     results.put(conflicts)
 
 
+@pytest.mark.slow  # processes
 def test_file_store_cas_holds_across_processes(file_store: FileStore) -> None:
     """Invariant 6: no update is ever lost, whichever process writes."""
     file_store.put("counter", b"0", if_none_match=True)

@@ -15,8 +15,8 @@ import botocore.exceptions
 import pytest
 import tenacity
 import urllib3.exceptions
-from conftest import TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
 from faultproxy import DROP, FaultProxy
+from support.s3 import TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
 
 from tiered.errors import ConfigError
 from tiered.store import (

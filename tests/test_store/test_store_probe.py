@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_MULTIPART_THRESHOLD
 from faultproxy import DROP_AFTER, FaultProxy
 from manifest_fakes import segment
+from support.s3 import TEST_MULTIPART_THRESHOLD
 from support.stores import IgnoresConditions, IgnoresIfMatch
 
 from manifests import ManifestStore, ops

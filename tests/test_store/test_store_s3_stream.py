@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import botocore.exceptions
 import pytest
-from conftest import no_sleep, s3_settings
+from support.s3 import no_sleep, s3_settings
 
 from tiered.store import S3Store
 

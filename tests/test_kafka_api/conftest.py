@@ -1,4 +1,4 @@
-"""Fixtures of the Kafka-endpoint tests (tests/test_kafka_api/), loaded by the root conftest:
+"""Fixtures of the Kafka-endpoint tests:
 Kafka logs archived by the real archiver into a bucket on moto's S3 server (real HTTP on
 127.0.0.1) and partly deleted locally, so every consumer reads across the bucket-to-local
 boundary, and a `tiered run` daemon serving them.
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from support.daemons import running
 from support.kafka_endpoint import History, build_history, ensure_kcat
+
 from tiered.app.daemon import Daemon
 
 

@@ -208,3 +208,58 @@ def test_remote_read_disabled_is_416(tmp_path: Path, file_store: Any) -> None:
     assert status == 416
     assert isinstance(body, bytes)
     assert "remote read is disabled" in json.loads(body)["message"]
+
+
+# --- lookups by timestamp ----------------------------------------------------------------------
+
+
+def _iso(ms: int) -> str:
+    from tiered.config.units import format_timestamp_ms
+
+    return format_timestamp_ms(ms)
+
+
+def test_offsets_by_timestamp_in_ms_and_iso_8601(server: tuple[_Server, Fixture]) -> None:
+    srv, fx = server
+    path = f"/v1/topics/{TOPIC}/partitions/0/offsets"
+    for when in (str(record_timestamp(40)), _iso(record_timestamp(40)),
+                 str(record_timestamp(40) - 1)):  # between two records: the later one
+        status, headers, body = srv.get(f"{path}?timestamp={when}")
+        assert status == 200, body
+        answer = json.loads(body)
+        assert answer["offset"] == 40 and answer["partition"] == 0, answer
+    status, _, body = srv.get(f"{path}?timestamp=0")
+    assert status == 200 and json.loads(body)["offset"] == 0
+
+
+def test_a_timestamp_past_the_end_says_so(server: tuple[_Server, Fixture]) -> None:
+    srv, fx = server
+    late = record_timestamp(fx.end) + 60_000
+    status, _, body = srv.get(f"/v1/topics/{TOPIC}/partitions/0/offsets?timestamp={late}")
+    assert status == 200
+    answer = json.loads(body)
+    assert answer["offset"] is None and answer["log_end_offset"] == fx.end
+    assert "every record is older" in answer["message"]
+    status, _, body = srv.get(_records_path() + f"?timestamp={late}")
+    assert status == 416 and "every record is older" in json.loads(body)["message"]
+
+
+def test_records_by_timestamp_start_at_the_first_record_at_or_after_it(
+    server: tuple[_Server, Fixture],
+) -> None:
+    srv, fx = server
+    status, headers, body = srv.get(
+        _records_path() + f"?timestamp={_iso(record_timestamp(57))}&format=jsonl&max_bytes=500")
+    assert status == 200, body
+    lines = [json.loads(line) for line in body.decode().splitlines()]
+    assert lines[0]["offset"] == 57 and lines[0]["timestamp"] == record_timestamp(57)
+
+
+@pytest.mark.parametrize("query", ["", "?timestamp=2026-11-01T00:00:00",
+                                   "?timestamp=yesterday", "?timestamp=5&timestamp=6"])
+def test_bad_timestamp_lookups_are_400(server: tuple[_Server, Fixture], query: str) -> None:
+    srv, _fx = server
+    status, _, body = srv.get(f"/v1/topics/{TOPIC}/partitions/0/offsets{query}")
+    assert status == 400 and json.loads(body)["error"] == "INVALID_REQUEST", body
+    status, _, body = srv.get(_records_path() + "?offset=3&timestamp=5")
+    assert status == 400 and "not both" in json.loads(body)["message"]

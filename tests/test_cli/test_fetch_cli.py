@@ -194,3 +194,33 @@ def test_past_the_end_names_the_buckets_range_too(tmp_path: Path,
     assert result.exit_code == 4
     assert "may be in the bucket" not in result.stderr
     assert f"readable offsets 0..{fx.end - 1}" in result.stderr, result.stderr
+
+
+def test_fetch_by_timestamp_in_the_bucket_and_the_local_log(tmp_path: Path,
+                                                            file_store: FileStore) -> None:
+    """`--timestamp` (ms or ISO-8601) starts at the first record at or after it, wherever
+    that record lives; past the end says so (exit 4); with --offset it is a usage error."""
+    from support.remote import archived_partition, drop_local_segments
+
+    from tiered.config.units import format_timestamp_ms
+
+    fx = archived_partition(tmp_path, file_store, batches=120)
+    drop_local_segments(fx.config, below=fx.end // 2)
+    config = tmp_path / "tiered.toml"
+    config.write_text(
+        f"[storage]\nurl = \"{(tmp_path / 'bucket').as_uri()}\"\n"
+        f"[log]\ndirs = [\"{fx.config.log_dirs[0]}\"]\n"
+        f"[cache]\ndir = \"{tmp_path / 'cache'}\"\n")
+    for offset in (3, fx.end - 2):  # in the bucket only, then in the local log
+        for when in (str(record_timestamp(offset)), format_timestamp_ms(record_timestamp(offset))):
+            result = fetch(config, "--partition", "0", "--timestamp", when, "--max-bytes", "1")
+            assert result.exit_code == 0, result.stderr
+            first = json.loads(result.stdout.splitlines()[0])
+            assert first["offset"] == offset and first["timestamp"] == record_timestamp(offset)
+    late = fetch(config, "--partition", "0", "--timestamp", str(record_timestamp(fx.end) + 1))
+    assert late.exit_code == 4 and "every record is older" in late.stderr
+    assert f"the log end is {fx.end}" in late.stderr
+    both = fetch(config, "--partition", "0", "--timestamp", "5", "--offset", "5")
+    assert both.exit_code == 2 and "exactly one of --offset and --timestamp" in both.stderr
+    naive = fetch(config, "--partition", "0", "--timestamp", "2026-11-01T00:00:00")
+    assert naive.exit_code == 2 and "no time zone" in naive.stderr

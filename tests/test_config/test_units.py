@@ -173,3 +173,17 @@ def test_negative_formatting_is_a_programming_error() -> None:
         format_size(-1)
     with pytest.raises(ValueError):
         format_duration_ms(-1)
+
+
+def test_timestamps_parse_from_ms_or_iso_8601_with_a_zone() -> None:
+    from tiered.config.units import format_timestamp_ms, parse_timestamp_ms
+
+    assert parse_timestamp_ms("1793491200000") == 1793491200000
+    assert parse_timestamp_ms("2026-11-01T00:00:00Z") == 1793491200000
+    assert parse_timestamp_ms("2026-11-01T09:00:00+09:00") == 1793491200000
+    assert parse_timestamp_ms("2026-11-01T00:00:00.250Z") == 1793491200250
+    assert format_timestamp_ms(1793491200250) == "2026-11-01T00:00:00.250Z"
+    for bad, words in (("2026-11-01T00:00:00", "no time zone"), ("soon", "not a timestamp"),
+                       ("-1", "not a timestamp"), ("1969-12-31T00:00:00Z", "before 1970")):
+        with pytest.raises(UnitError, match=words):
+            parse_timestamp_ms(bad)

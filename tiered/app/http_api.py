@@ -1,6 +1,12 @@
 """The remote-read HTTP endpoint, framework-free: the daemon's HTTP server routes here.
 
     GET /v1/topics/{topic}/partitions/{partition}/records?offset=O[&max_bytes=N][&format=F]
+    GET /v1/topics/{topic}/partitions/{partition}/records?timestamp=T[&...]
+    GET /v1/topics/{topic}/partitions/{partition}/offsets?timestamp=T
+
+* `timestamp` (instead of `offset`): ms since the epoch or ISO-8601 with a zone; records start
+  at the first one whose timestamp is >= T (416 when every record is older). `offsets` answers
+  that offset alone as JSON, `"offset": null` with the log end when every record is older.
 
 * `offset` (required): the first offset wanted; `max_bytes` (default 1 MiB, at most
   `MAX_FETCH_BYTES`): the byte budget, the first batch always comes whole; `format`:
@@ -49,6 +55,7 @@ from cache.reader import (
     Reader,
     UnknownPartition,
 )
+from tiered.config.units import UnitError, format_timestamp_ms, parse_timestamp_ms
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 from tiered.kafka.records import Record
 
@@ -63,6 +70,7 @@ Response = tuple[int, dict[str, str], bytes | Pieces]
 MAX_FETCH_BYTES = 64 << 20
 _CONSUMER = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _PATH = re.compile(r"/v1/topics/([^/]+)/partitions/([^/]+)/records/?")
+_OFFSETS_PATH = re.compile(r"/v1/topics/([^/]+)/partitions/([^/]+)/offsets/?")
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -127,6 +135,23 @@ def _int(query: Mapping[str, Sequence[str]], name: str, default: int | None,
     return value
 
 
+def offset_at(reader: Reader, topic: str, partition: int, timestamp_ms: int) -> int:
+    """The first offset whose record timestamp is >= `timestamp_ms`, from the local log or the
+    bucket; OffsetOutOfRange naming the log end when every record is older."""
+    found = reader.offset_for_timestamp(topic, partition, timestamp_ms)
+    if found is None:
+        end = reader.latest_offset(topic, partition)
+        raise TimestampPastEnd(
+            f"{topic}-{partition}: no record at or after timestamp {timestamp_ms} "
+            f"({format_timestamp_ms(timestamp_ms)}): every record is older; the log end is "
+            f"{end}")
+    return found.offset
+
+
+class TimestampPastEnd(OffsetOutOfRange):
+    """Every record of the partition is older than the timestamp asked for."""
+
+
 def _bounds(reader: Reader, topic: str, partition: int) -> dict[str, int]:
     """Best-effort log bounds for a 416 body (a failure here must not hide the 416)."""
     out: dict[str, int] = {}
@@ -137,25 +162,88 @@ def _bounds(reader: Reader, topic: str, partition: int) -> dict[str, int]:
     return out
 
 
+def _topic_partition(match: re.Match[str]) -> tuple[str, int]:
+    """The path's topic and partition, percent-decoded (UnicodeDecodeError when not UTF-8)."""
+    topic = unquote(match.group(1), errors="strict")
+    part_text = unquote(match.group(2), errors="strict")
+    if not re.fullmatch(r"[0-9]{1,10}", part_text):
+        raise InvalidRequest(f"partition must be a non-negative integer, got {part_text!r}")
+    return topic, int(part_text)
+
+
+def _timestamp(query: Mapping[str, Sequence[str]]) -> int | None:
+    """`timestamp` (ms since the epoch, or ISO-8601 with a zone), None when absent."""
+    text = _one(query, "timestamp", None)
+    return None if text is None else parse_timestamp_ms(text)
+
+
+def _start_offset(reader: Reader, topic: str, partition: int,
+                  query: Mapping[str, Sequence[str]]) -> int:
+    """`offset`, or the first offset at or after `timestamp`: exactly one of them."""
+    wanted = _timestamp(query)
+    if wanted is None:
+        return _int(query, "offset", None)
+    if _one(query, "offset", None) is not None:
+        raise InvalidRequest("give either 'offset' or 'timestamp', not both")
+    return offset_at(reader, topic, partition, wanted)
+
+
+def _handle_offsets(reader: Reader, method: str, path: str, match: re.Match[str],
+                    query: Mapping[str, Sequence[str]]) -> Response:
+    """`GET .../offsets?timestamp=T`: the first offset whose record timestamp is >= T, from
+    the local log or the bucket, as Kafka's ListOffsets answers. Every record older: 200 with
+    `offset` null, the log end, and a message saying so (a lookup that found nothing, as
+    ListOffsets' -1, not a failure)."""
+    topic, partition = "", -1
+    try:
+        topic, partition = _topic_partition(match)
+        wanted = _timestamp(query)
+        if wanted is None:
+            raise InvalidRequest("parameter 'timestamp' is required")
+        answer: dict[str, Any] = {"topic": topic, "partition": partition, "timestamp": wanted}
+        try:
+            answer["offset"] = offset_at(reader, topic, partition, wanted)
+        except TimestampPastEnd as exc:
+            answer |= {"offset": None, "log_end_offset": reader.latest_offset(topic, partition),
+                       "message": str(exc)}
+    except (InvalidRequest, UnitError) as exc:
+        return _error(400, "INVALID_REQUEST", str(exc))
+    except UnicodeDecodeError:
+        return _error(400, "INVALID_REQUEST", "the path is not UTF-8 once percent-decoded")
+    except UnknownPartition as exc:
+        return _error(404, "UNKNOWN_TOPIC_OR_PARTITION", str(exc))
+    except OffsetOutOfRange as exc:  # the data is only in the bucket and remote read is off
+        return _error(416, "OFFSET_OUT_OF_RANGE", str(exc))
+    except TieredError as exc:
+        log.warning("%s-%d: timestamp lookup failed: %s", topic, partition, exc)
+        return _error(503, "KAFKA_STORAGE_ERROR", str(exc))
+    except Exception:
+        log.exception("%s-%d: unexpected error serving %s", topic, partition, path)
+        return _error(500, "UNKNOWN_SERVER_ERROR", "internal error; see the daemon's log")
+    body = json.dumps(answer).encode("utf-8")
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    return 200, headers, b"" if method == "HEAD" else body
+
+
 def handle_records(
     reader: Reader, method: str, path: str, query: Mapping[str, Sequence[str]]
 ) -> Response:
     """Answer one request for `path` (no query string; `query` as `urllib.parse.parse_qs`
     returns it). Never raises for anything a client sends."""
     match = _PATH.fullmatch(path)
-    if match is None:
+    offsets = _OFFSETS_PATH.fullmatch(path) if match is None else None
+    if match is None and offsets is None:
         return _error(404, "UNKNOWN_TOPIC_OR_PARTITION", f"no such resource: {path}")
     if method not in ("GET", "HEAD"):
         status, headers, message = _error(405, "INVALID_REQUEST", f"method {method} not allowed")
         return status, {**headers, "Allow": "GET, HEAD"}, message
+    if offsets is not None:
+        return _handle_offsets(reader, method, path, offsets, query)
+    assert match is not None
     topic, partition = "", -1
     try:
-        topic = unquote(match.group(1), errors="strict")
-        part_text = unquote(match.group(2), errors="strict")
-        if not re.fullmatch(r"[0-9]{1,10}", part_text):
-            raise InvalidRequest(f"partition must be a non-negative integer, got {part_text!r}")
-        partition = int(part_text)
-        offset = _int(query, "offset", None)
+        topic, partition = _topic_partition(match)
+        offset = _start_offset(reader, topic, partition, query)
         max_bytes = _int(query, "max_bytes", DEFAULT_MAX_BYTES, MAX_FETCH_BYTES)
         fmt = _one(query, "format", "raw")
         if fmt not in FORMATS:
@@ -174,7 +262,7 @@ def handle_records(
             result = reader.fetch(topic, partition, offset, max_bytes, reader_id=session)
             body = encode(result)
             size = len(body)
-    except InvalidRequest as exc:
+    except (InvalidRequest, UnitError) as exc:
         return _error(400, "INVALID_REQUEST", str(exc))
     except UnicodeDecodeError:
         return _error(400, "INVALID_REQUEST", "the path is not UTF-8 once percent-decoded")

@@ -16,6 +16,7 @@ import click
 
 from cache.reader import DEFAULT_MAX_BYTES
 from tiered.cli.options import config_option
+from tiered.config.units import UnitError, parse_timestamp_ms
 from tiered.errors import OffsetOutOfRange, TieredError
 
 if TYPE_CHECKING:
@@ -28,8 +29,12 @@ log = logging.getLogger("tiered.fetch")
 @config_option
 @click.option("--topic", required=True, help="Topic name.")
 @click.option("--partition", type=click.IntRange(min=0), required=True, help="Partition number.")
-@click.option("--offset", type=click.IntRange(min=0), required=True,
+@click.option("--offset", type=click.IntRange(min=0), default=None,
               help="First offset wanted; the batch holding it comes first.")
+@click.option("--timestamp", "timestamp", default=None, metavar="MS|ISO-8601",
+              help="Instead of --offset: start at the first record whose timestamp is at or "
+                   "after this time (ms since the epoch, or e.g. 2026-11-01T00:00:00Z), "
+                   "looked up in the local log or the bucket as Kafka's ListOffsets does.")
 @click.option("--max-bytes", type=click.IntRange(min=0), default=DEFAULT_MAX_BYTES,
               show_default=True,
               help="Byte budget; the first batch always comes whole, as in Kafka.")
@@ -37,19 +42,32 @@ log = logging.getLogger("tiered.fetch")
               show_default=True,
               help="raw: record-batch bytes to stdout as Kafka sends them; jsonl: one record "
                    "a line (offset, timestamp, key, value, headers; bytes as base64).")
-def fetch_command(config_path: Path, topic: str, partition: int, offset: int, max_bytes: int,
-                  fmt: str) -> None:
-    """Fetch record batches of TOPIC/PARTITION starting at OFFSET.
+def fetch_command(config_path: Path, topic: str, partition: int, offset: int | None,
+                  timestamp: str | None, max_bytes: int, fmt: str) -> None:
+    """Fetch record batches of TOPIC/PARTITION starting at OFFSET (or at TIMESTAMP).
 
     Served from the local log when it still holds the offset, otherwise from the bucket
     through the chunked read cache.
     """
     from cache.reader import Reader
-    from tiered.app.http_api import FORMATS
+    from tiered.app.http_api import FORMATS, offset_at
     from tiered.config import load_config
 
+    if (offset is None) == (timestamp is None):
+        raise click.UsageError("give exactly one of --offset and --timestamp")
+    wanted_ms = None
+    if timestamp is not None:
+        try:
+            wanted_ms = parse_timestamp_ms(timestamp)
+        except UnitError as exc:
+            raise click.BadParameter(str(exc), param_hint="--timestamp") from None
     config = load_config(config_path)
     with Reader.from_config(config) as reader:
+        if wanted_ms is not None:
+            offset = offset_at(reader, topic, partition, wanted_ms)
+            log.info("%s-%d: the first record at or after %d ms is offset %d", topic,
+                     partition, wanted_ms, offset)
+        assert offset is not None
         try:
             result = reader.fetch(topic, partition, offset, max_bytes)
         except OffsetOutOfRange as exc:

@@ -27,6 +27,7 @@ would have been accepted, so the configuration loader can show it as is.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "parse_percent",
     "parse_size",
     "parse_text",
+    "format_timestamp_ms",
+    "parse_timestamp_ms",
 ]
 
 
@@ -283,3 +286,33 @@ def format_duration_ms(ms: int) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts)
+
+
+_TIMESTAMP_HINT = ("give milliseconds since the epoch (1793491200000) or an ISO-8601 time with "
+                   "its zone (2026-11-01T00:00:00Z, 2026-11-01T09:00:00+09:00)")
+
+
+def parse_timestamp_ms(text: str) -> int:
+    """A record timestamp, as Kafka keeps it (ms since the Unix epoch), from the digits of one
+    or from an ISO-8601 time. A time without a zone is refused: read as local time or as UTC
+    it would silently pick the wrong records for half the world."""
+    text = text.strip()
+    if re.fullmatch(r"[0-9]{1,16}", text):
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise UnitError(f"{text!r} is not a timestamp; {_TIMESTAMP_HINT}") from None
+    if moment.tzinfo is None:
+        raise UnitError(f"{text!r} has no time zone; add Z for UTC or an offset such as "
+                        "+02:00")
+    ms = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+    if ms < 0:
+        raise UnitError(f"{text!r} is before 1970; {_TIMESTAMP_HINT}")
+    return ms
+
+
+def format_timestamp_ms(ms: int) -> str:
+    """A record timestamp as ISO-8601 UTC, for messages ("2026-11-01T00:00:00.000Z")."""
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

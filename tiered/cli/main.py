@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Per partition: what is on local disk, what is in the bucket, what waits for "
         "upload, and the offset below which local deletion is safe."),
     "fetch": ("tiered.cli.fetch:fetch_command",
-        "Fetch record batches of TOPIC/PARTITION starting at OFFSET."),
+        "Fetch record batches of TOPIC/PARTITION starting at OFFSET (or at TIMESTAMP)."),
     "log": ("tiered.cli.inspect:log_group",
         "Look inside Kafka log files."),
     "merge": ("tiered.cli.spark:merge_command",

@@ -38,6 +38,7 @@ __all__ = [
     "CommittedOffset",
     "GroupLimitReached",
     "GroupOffsets",
+    "UnknownGroup",
     "commit_group_offsets",
     "commit_within_limits",
     "decode_group_offsets",
@@ -65,6 +66,12 @@ MAX_METADATA_CHARS = 1 << 20
 
 class GroupLimitReached(ManifestError):
     """A commit would create the offsets of one group more than the bucket may hold."""
+
+
+class UnknownGroup(ManifestError):
+    """The bucket holds no committed offsets of this group."""
+
+    exit_code = 7
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ OffsetCommit requests (kio) so every field is the test's."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +27,8 @@ from manifests.group_offsets import (
     load_group_offsets,
 )
 from tiered.app.daemon import Daemon
-from tiered.app.kafka_api.groups import GroupCoordinator
+from tiered.app.kafka_api.coordinator import GroupSettings, JoinRequest
+from tiered.app.kafka_api.groups import GroupCoordinator, OffsetLimits
 from tiered.app.kafka_api.messages import build, nested
 from tiered.store import StoreSettings
 from tiered.store.s3 import S3Store
@@ -279,8 +281,6 @@ def test_the_collector_runs_on_its_interval_and_spares_groups_with_members(
     """The coordinator's own thread, every check interval, on an injected wall clock: an
     expired group goes; one whose member is connected here keeps its offsets (Kafka keeps a
     group's offsets while it has members)."""
-    from tiered.app.kafka_api.coordinator import JoinRequest
-
     expired_group, busy_group = _group(), _group()
     now = [2_000_000.0]
     retention = 60_000
@@ -291,8 +291,6 @@ def test_the_collector_runs_on_its_interval_and_spares_groups_with_members(
         coordinator = GroupCoordinator(_settings(), store,
                                        limits=_limits(retention, check_interval_s=0.05),
                                        wall_clock=lambda: now[0])
-        import threading
-
         member = coordinator.join(JoinRequest(busy_group, "", "c", "h", 30.0, 30.0, "consumer",
                                               (("range", b""),)), threading.Event())
         assert member.error is ErrorCode.none
@@ -306,15 +304,11 @@ def test_the_collector_runs_on_its_interval_and_spares_groups_with_members(
         assert load_group_offsets(store, busy_group)[0].offsets == {(TOPIC, 0): committed}
 
 
-def _settings() -> Any:
-    from tiered.app.kafka_api.coordinator import GroupSettings
-
+def _settings() -> GroupSettings:
     return GroupSettings(initial_delay_s=0.0, min_session_timeout_s=1.0)
 
 
-def _limits(retention_ms: int, check_interval_s: float = 3600.0) -> Any:
-    from tiered.app.kafka_api.groups import OffsetLimits
-
+def _limits(retention_ms: int, check_interval_s: float = 3600.0) -> OffsetLimits:
     return OffsetLimits(retention_ms=retention_ms, check_interval_s=check_interval_s)
 
 

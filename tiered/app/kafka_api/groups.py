@@ -341,6 +341,11 @@ class GroupCoordinator:
             try:
                 dropped, gone = expire_group_offsets(
                     self.offsets, group, lambda c: c.commit_timestamp <= cutoff)
+            except AccessDenied as exc:  # read-only credentials: one line, not one per group
+                log.warning("offsets retention: the bucket refuses changes to committed offsets "
+                            "(%s); nothing collected", exc)
+                failed += 1
+                break
             except TieredError as exc:
                 failed += 1
                 log.warning("offsets retention: group %r: %s", group, exc)

@@ -12,29 +12,42 @@ One JSON object per group at `keys.group_offsets_key(group)`:
 `leader_epoch` -1 means unknown; `commit_timestamp` is ms since the epoch. A commit is a
 compare-and-swap of the whole object (`If-None-Match` to create it, `If-Match` on the version
 read to replace it), so two sidecars committing for one group at once both land.
+
+Every change here (a commit, OffsetDelete, offsets retention) decides from a fresh read of the
+object and writes by compare-and-swap on the version read, re-reading when it loses; a group
+with no offsets left is deleted (docs/format.md, "Consumer group offsets").
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import unquote
 
 from manifests import keys
 from manifests.cas import retry_conflicts
 from manifests.errors import CorruptManifest, InvalidName, ManifestError
 from manifests.serde import load_document
-from tiered.store.base import ObjectStore
-from tiered.store.errors import ObjectNotFound, PreconditionFailed
+from tiered.store.base import ObjectInfo, ObjectStore
+from tiered.store.errors import ObjectNotFound, PreconditionFailed, StoreError
 
 __all__ = [
     "CommittedOffset",
+    "GroupLimitReached",
     "GroupOffsets",
+    "UnknownGroup",
     "commit_group_offsets",
+    "commit_within_limits",
     "decode_group_offsets",
+    "delete_group",
+    "delete_offsets",
     "encode_group_offsets",
+    "expire_group_offsets",
+    "group_of_key",
+    "iter_group_objects",
     "load_group_offsets",
 ]
 
@@ -45,9 +58,20 @@ COMMIT_DEADLINE_S = 10.0
 _FIELDS = ("version", "kind", "group", "offsets")
 _ENTRY_FIELDS = ("topic", "partition", "offset", "leader_epoch", "metadata", "commit_timestamp")
 _INT64 = (-(2**63), 2**63 - 1)
-#: Kafka's OffsetCommit metadata is a string of at most this many characters by default
-#: (offset.metadata.max.bytes); larger ones are refused before they reach the bucket
-MAX_METADATA_CHARS = 4096
+#: the format's ceiling on a metadata string; the endpoint refuses longer ones than its own
+#: limit (`[kafka] offset_metadata_max_bytes`, 4096 by default, at most this) before they
+#: reach the bucket
+MAX_METADATA_CHARS = 1 << 20
+
+
+class GroupLimitReached(ManifestError):
+    """A commit would create the offsets of one group more than the bucket may hold."""
+
+
+class UnknownGroup(ManifestError):
+    """The bucket holds no committed offsets of this group."""
+
+    exit_code = 7
 
 
 @dataclass(frozen=True)
@@ -165,19 +189,159 @@ def commit_group_offsets(
 ) -> GroupOffsets:
     """Apply `commits` to the stored offsets by compare-and-swap, re-reading and re-applying
     when another writer got there first; returns what was stored."""
+    return commit_within_limits(store, group, commits, deadline_s=deadline_s)[0]
 
-    def attempt() -> GroupOffsets:
+
+def commit_within_limits(
+    store: ObjectStore, group: str, commits: Mapping[TopicPartitionKey, CommittedOffset],
+    *, max_offsets: int | None = None, may_create: Callable[[], bool] | None = None,
+    deadline_s: float = COMMIT_DEADLINE_S,
+) -> tuple[GroupOffsets, frozenset[TopicPartitionKey]]:
+    """`commit_group_offsets` within the bucket's bounds: what was stored, and the partitions
+    refused because the group would hold offsets for more than `max_offsets` partitions
+    (partitions it holds already are always updated; new ones are taken in order while they
+    fit). `may_create()` is asked, from a read that found no object, whether one more group
+    may be created: `GroupLimitReached` when not."""
+
+    def attempt() -> tuple[GroupOffsets, frozenset[TopicPartitionKey]]:
         current, etag = load_group_offsets(store, group)
-        updated = current.with_commits(commits)
+        accepted, refused = _fit(current, commits, max_offsets)
+        if not accepted:
+            return current, refused
+        if etag is None and may_create is not None and not may_create():
+            raise GroupLimitReached(f"group {group!r}: the bucket holds the offsets of as many "
+                                    "groups as it may")
+        updated = current.with_commits(accepted)
         data = encode_group_offsets(updated)
         if etag is None:
             store.put(updated.key, data, if_none_match=True)
         else:
             store.put(updated.key, data, if_match=etag)
-        return updated
+        return updated, refused
 
+    return _cas(group, attempt, "committed", deadline_s)
+
+
+def _fit(current: GroupOffsets, commits: Mapping[TopicPartitionKey, CommittedOffset],
+         max_offsets: int | None
+         ) -> tuple[dict[TopicPartitionKey, CommittedOffset], frozenset[TopicPartitionKey]]:
+    if max_offsets is None:
+        return dict(commits), frozenset()
+    room = max_offsets - len(current.offsets)
+    accepted: dict[TopicPartitionKey, CommittedOffset] = {}
+    refused: set[TopicPartitionKey] = set()
+    for tp, committed in sorted(commits.items()):
+        if tp in current.offsets:
+            accepted[tp] = committed
+        elif room > 0:
+            accepted[tp] = committed
+            room -= 1
+        else:
+            refused.add(tp)
+    return accepted, frozenset(refused)
+
+
+def _cas(group: str, attempt: Callable[[], Any], what: str, deadline_s: float) -> Any:
     try:
         return retry_conflicts(attempt, conflict=PreconditionFailed, deadline_s=deadline_s)
     except PreconditionFailed:
         raise ManifestError(f"{keys.group_offsets_key(group)}: the group's offsets kept changing "
-                            "while being committed; try again") from None
+                            f"while being {what}; try again") from None
+
+
+def _drop(store: ObjectStore, current: GroupOffsets, etag: str,
+          gone: Collection[TopicPartitionKey]) -> GroupOffsets:
+    """Write `current` without `gone`, on the version `etag` read; an object left without
+    offsets is deleted instead.
+
+    The store has no conditional delete, so a commit landing between the read that found the
+    group empty and the delete would go with it: the delete re-reads first and deletes only
+    the version it decided on, which narrows that window to one request's time (docs/format.md,
+    "Consumer group offsets")."""
+    kept = GroupOffsets(current.group,
+                        {tp: c for tp, c in current.offsets.items() if tp not in gone})
+    if kept.offsets:
+        store.put(kept.key, encode_group_offsets(kept), if_match=etag)
+        return kept
+    if store.head(kept.key).etag != etag:
+        raise PreconditionFailed(f"{kept.key}: changed while being emptied")
+    failed = store.delete_many([kept.key])
+    if failed:
+        raise StoreError(f"{kept.key}: could not be deleted")
+    return kept
+
+
+def expire_group_offsets(
+    store: ObjectStore, group: str, expired: Callable[[CommittedOffset], bool],
+    *, deadline_s: float = COMMIT_DEADLINE_S,
+) -> tuple[int, bool]:
+    """Offsets retention for one group, decided from a fresh read: drop the offsets
+    `expired(offset)` says have expired, by compare-and-swap (a commit that lands first wins,
+    and the decision is made again on what it wrote). Returns (offsets dropped, whether the
+    group's object was deleted: none left)."""
+
+    def attempt() -> tuple[int, bool]:
+        current, etag = load_group_offsets(store, group)
+        if etag is None:
+            return 0, False
+        gone = [tp for tp, c in current.offsets.items() if expired(c)]
+        if current.offsets and not gone:
+            return 0, False
+        kept = _drop(store, current, etag, gone)
+        return len(gone), not kept.offsets
+
+    result: tuple[int, bool] = _cas(group, attempt, "expired", deadline_s)
+    return result
+
+
+def delete_offsets(
+    store: ObjectStore, group: str, partitions: Collection[TopicPartitionKey],
+    *, deadline_s: float = COMMIT_DEADLINE_S,
+) -> frozenset[TopicPartitionKey]:
+    """Remove the group's offsets of `partitions` (Kafka's OffsetDelete) by compare-and-swap;
+    returns those it held. A group left without offsets is deleted."""
+
+    def attempt() -> frozenset[TopicPartitionKey]:
+        current, etag = load_group_offsets(store, group)
+        present = frozenset(tp for tp in partitions if tp in current.offsets)
+        if etag is not None and present:
+            _drop(store, current, etag, present)
+        return present
+
+    result: frozenset[TopicPartitionKey] = _cas(group, attempt, "deleted", deadline_s)
+    return result
+
+
+def delete_group(store: ObjectStore, group: str) -> bool:
+    """Delete the group's committed offsets (Kafka's DeleteGroups); False when the bucket
+    holds none for it."""
+    key = keys.group_offsets_key(group)
+    try:
+        store.head(key)
+    except ObjectNotFound:
+        return False
+    failed = store.delete_many([key])
+    if failed:
+        raise StoreError(f"{key}: could not be deleted")
+    return True
+
+
+def group_of_key(key: str) -> str | None:
+    """The group id whose offsets `key` holds, None for a key no group's offsets have."""
+    parts = key.split("/")
+    if len(parts) != 5 or key != keys.GROUPS_PREFIX + "/".join(parts[2:]):
+        return None
+    try:
+        group = unquote(parts[3], encoding="utf-8", errors="strict")
+        return group if keys.group_offsets_key(group) == key else None
+    except (UnicodeDecodeError, InvalidName):
+        return None
+
+
+def iter_group_objects(store: ObjectStore) -> Iterator[tuple[str, ObjectInfo]]:
+    """Every group with committed offsets in the bucket, with its object (one listing;
+    objects under the prefix that are no group's are skipped)."""
+    for info in store.list(keys.GROUPS_PREFIX):
+        group = group_of_key(info.key)
+        if group is not None:
+            yield group, info

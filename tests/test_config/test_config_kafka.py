@@ -97,3 +97,39 @@ def test_empty_dirs_declare_a_history_server_for_run_only(tmp_path: Path) -> Non
     assert not unset.history_server
     with pytest.raises(ConfigError, match=r"\[log\] dirs is not set.*dirs = \[\]"):
         check_log_dirs(unset, "run")
+
+
+def test_group_offset_limits_default_to_kafkas(tmp_path: Path) -> None:
+    k = _config(tmp_path, {"listen": "9092"}).kafka
+    assert (k.offset_metadata_max_bytes, k.offsets_retention_minutes,
+            k.offsets_retention_check_interval_ms) == (4096, 10080, 600_000)
+    assert (k.max_groups, k.max_offsets_per_group) == (10_000, 1000)
+    effective = _config(tmp_path, {"listen": "9092"}).effective()["kafka"]
+    assert effective["offsets_retention_minutes"] == 10080 and effective["max_groups"] == 10_000
+
+
+def test_kafkas_property_names_are_aliases(tmp_path: Path) -> None:
+    k = _config(tmp_path, {"listen": "9092", "offset.metadata.max.bytes": 100,
+                           "offsets.retention.minutes": 60,
+                           "offsets.retention.check.interval.ms": "30s",
+                           "max_groups": 5, "max_offsets_per_group": 7}).kafka
+    assert (k.offset_metadata_max_bytes, k.offsets_retention_minutes,
+            k.offsets_retention_check_interval_ms, k.max_groups,
+            k.max_offsets_per_group) == (100, 60, 30_000, 5, 7)
+
+
+@pytest.mark.parametrize(("kafka", "key", "problem"), [
+    ({"offsets_retention_minutes": 0}, "offsets_retention_minutes", "at least 1"),
+    ({"offset_metadata_max_bytes": 2 << 20}, "offset_metadata_max_bytes", "at most 1048576"),
+    ({"max_groups": "lots"}, "max_groups", "expected an integer"),
+    ({"offsets_retention_check_interval_ms": "1ms"}, "offsets_retention_check_interval_ms",
+     "at least 1000"),
+    ({"offsets_retention_minutes": 5, "offsets.retention.minutes": 6},
+     "offsets.retention.minutes", "another name for offsets_retention_minutes"),
+])
+def test_group_offset_limit_problems_name_the_key(tmp_path: Path, kafka: Any, key: str,
+                                                  problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _config(tmp_path, {"listen": "9092", **kafka})
+    assert any(f"[kafka] {key}" in p and problem in p for p in err.value.problems), \
+        err.value.problems

@@ -187,3 +187,33 @@ def test_next_deadline_tracks_sessions_and_rebalances() -> None:
     assert g.next_deadline() is None
     g.join(_req(session=10.0), 0.0)
     assert g.next_deadline() == 3.0  # the initial delay ends first
+
+
+def test_describe_shows_members_their_subscription_and_assignment() -> None:
+    groups = Groups(GroupSettings(initial_delay_s=0.0, min_session_timeout_s=1.0))
+    req = JoinRequest("g", "", "client-a", "10.0.0.1", 10.0, 10.0, "consumer",
+                      (("range", b"sub-range"), ("roundrobin", b"sub-rr")))
+    member_id, joined = groups.join(req, 0.0)
+    assert joined is not None and joined.error is ErrorCode.none
+    before = groups.describe("g")
+    assert before is not None and before.state is GroupState.COMPLETING_REBALANCE
+    assert [m.assignment for m in before.members] == [b""]  # not handed out yet
+    assert groups.sync("g", member_id, joined.generation, [(member_id, b"mine")], 0.1)
+    after = groups.describe("g")
+    assert after is not None
+    assert (after.state, after.protocol_type, after.protocol_name) == (
+        GroupState.STABLE, "consumer", "range")
+    assert [(m.member_id, m.client_id, m.client_host, m.metadata, m.assignment)
+            for m in after.members] == [(member_id, "client-a", "10.0.0.1", b"sub-range",
+                                         b"mine")]
+    assert groups.describe("other") is None and groups.group_ids() == ["g"]
+
+
+def test_only_an_empty_group_is_forgotten() -> None:
+    groups = Groups(GroupSettings(initial_delay_s=0.0, min_session_timeout_s=1.0))
+    member_id, _ = groups.join(JoinRequest("g", "", "c", "h", 10.0, 10.0, "consumer",
+                                           (("range", b""),)), 0.0)
+    assert not groups.forget("g")  # a member is in it
+    assert groups.leave("g", member_id, 1.0) is ErrorCode.none
+    assert groups.forget("g") and groups.describe("g") is None
+    assert not groups.forget("g")

@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "upload, and the offset below which local deletion is safe."),
     "fetch": ("tiered.cli.fetch:fetch_command",
         "Fetch record batches of TOPIC/PARTITION starting at OFFSET (or at TIMESTAMP)."),
+    "groups": ("tiered.cli.groups:groups_group",
+        "List, describe and delete consumer groups' committed offsets in the bucket."),
     "log": ("tiered.cli.inspect:log_group",
         "Look inside Kafka log files."),
     "merge": ("tiered.cli.spark:merge_command",

@@ -12,6 +12,11 @@
     group_initial_rebalance_delay_ms = 3000
     group_min_session_timeout_ms = 6000
     group_max_session_timeout_ms = "30m"
+    offset_metadata_max_bytes = 4096         # Kafka's names are aliases:
+    offsets_retention_minutes = 10080        #   "offsets.retention.minutes" = 10080
+    offsets_retention_check_interval_ms = "10m"
+    max_groups = 10000
+    max_offsets_per_group = 1000
 
 Pure parsing: every problem is reported through `add(where, message)`, naming the key. Whether
 the certificate files load is checked when the daemon starts (`tiered.app.kafka_api.server`).
@@ -35,7 +40,8 @@ from tiered.config.units import (
     parse_size,
 )
 
-__all__ = ["DEFAULT_HOST", "KAFKA_KEYS", "KafkaConfig", "parse_address", "parse_kafka"]
+__all__ = ["DEFAULT_HOST", "KAFKA_ALIASES", "KAFKA_KEYS", "KafkaConfig", "parse_address",
+           "parse_kafka"]
 
 #: where the endpoint listens when `listen` gives only a port
 DEFAULT_HOST = "127.0.0.1"
@@ -67,6 +73,17 @@ class KafkaConfig:
     #: the session timeouts a joining member may ask for (Kafka's group.*.session.timeout.ms)
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
+    #: longest OffsetCommit metadata, in characters as Kafka counts (offset.metadata.max.bytes)
+    offset_metadata_max_bytes: int = 4096
+    #: a committed offset expires this long after its commit while its group has no members
+    #: (Kafka's offsets.retention.minutes)
+    offsets_retention_minutes: int = 10080
+    #: how often expired offsets are collected (Kafka's offsets.retention.check.interval.ms)
+    offsets_retention_check_interval_ms: int = 600_000
+    #: groups with committed offsets in the bucket; a commit creating one more is refused
+    max_groups: int = 10_000
+    #: partitions one group may hold committed offsets for
+    max_offsets_per_group: int = 1000
 
     @property
     def tls(self) -> bool:
@@ -81,6 +98,19 @@ _NUMBERS: dict[str, tuple[Callable[[object], int], int]] = {
     "group_initial_rebalance_delay_ms": (parse_duration_ms, 0),
     "group_min_session_timeout_ms": (parse_duration_ms, 1),
     "group_max_session_timeout_ms": (parse_duration_ms, 1),
+    "offset_metadata_max_bytes": (parse_int, 0),
+    "offsets_retention_minutes": (parse_int, 1),
+    "offsets_retention_check_interval_ms": (parse_duration_ms, 1000),
+    "max_groups": (parse_int, 1),
+    "max_offsets_per_group": (parse_int, 1),
+}
+#: largest values of the keys that have one
+_HIGHEST = {"offset_metadata_max_bytes": 1 << 20}
+#: Kafka's broker property names accepted for the key they stand for
+KAFKA_ALIASES: dict[str, str] = {
+    "offset.metadata.max.bytes": "offset_metadata_max_bytes",
+    "offsets.retention.minutes": "offsets_retention_minutes",
+    "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
 }
 KAFKA_KEYS: tuple[str, ...] = ("listen", "advertised", "tls_cert", "tls_key", *_NUMBERS)
 
@@ -124,9 +154,12 @@ def parse_kafka(table: object, base: Path, add: Callable[[str, str], None]
         add("[kafka]", f"must be a table (a [kafka] section), got {describe(table)}")
         return None
     for key in table:
-        if key not in KAFKA_KEYS:
+        if key not in KAFKA_KEYS and key not in KAFKA_ALIASES:
             add(f"[kafka] {key}", _unknown(key))
     ok = True
+    table = _resolve_aliases(table, add)
+    if table is None:
+        return None
     listen: tuple[str, int] = (DEFAULT_HOST, 0)
     if "listen" not in table:
         add("[kafka] listen", "required to serve the Kafka protocol, e.g. \"127.0.0.1:9092\" "
@@ -162,6 +195,10 @@ def parse_kafka(table: object, base: Path, add: Callable[[str, str], None]
             continue
         if value < lowest:
             add(f"[kafka] {key}", f"must be at least {lowest}, got {value}")
+            ok = False
+            continue
+        if key in _HIGHEST and value > _HIGHEST[key]:
+            add(f"[kafka] {key}", f"must be at most {_HIGHEST[key]}, got {value}")
             ok = False
             continue
         numbers[key] = value
@@ -200,6 +237,21 @@ def _tls_paths(table: Mapping[str, Any], base: Path, add: Callable[[str, str], N
             "together (PEM files) to serve TLS, or neither for plain TCP")
         return None
     return paths["tls_cert"], paths["tls_key"]
+
+
+def _resolve_aliases(table: Mapping[str, Any], add: Callable[[str, str], None]
+                     ) -> Mapping[str, Any] | None:
+    """`table` with Kafka's property names replaced by tiered's keys; None (reported) when
+    a key is given both ways."""
+    resolved = {k: v for k, v in table.items() if k not in KAFKA_ALIASES}
+    for alias, key in KAFKA_ALIASES.items():
+        if alias not in table:
+            continue
+        if key in table:
+            add(f"[kafka] {alias}", f"is another name for {key}, which is set too; keep one")
+            return None
+        resolved[key] = table[alias]
+    return resolved
 
 
 def _unknown(key: str) -> str:

@@ -307,6 +307,11 @@ def _kafka_effective(k: KafkaConfig) -> dict[str, Any]:
         "group_initial_rebalance_delay_ms": k.group_initial_rebalance_delay_ms,
         "group_min_session_timeout_ms": k.group_min_session_timeout_ms,
         "group_max_session_timeout_ms": k.group_max_session_timeout_ms,
+        "offset_metadata_max_bytes": k.offset_metadata_max_bytes,
+        "offsets_retention_minutes": k.offsets_retention_minutes,
+        "offsets_retention_check_interval_ms": k.offsets_retention_check_interval_ms,
+        "max_groups": k.max_groups,
+        "max_offsets_per_group": k.max_offsets_per_group,
     }
 
 

@@ -6,7 +6,8 @@ consume every partition the sidecar can read, local log first, then the bucket.
     apis.py         the APIs and versions served; ApiVersions
     metadata.py     Metadata, FindCoordinator, ListOffsets
     fetch.py        Fetch (long polls, byte budgets, read_committed)
-    groups.py       JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch
+    groups.py       JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch,
+                    DescribeGroups, ListGroups, DeleteGroups, OffsetDelete, offsets retention
     coordinator.py  the consumer-group state machine (pure)
     catalog.py      which topics, partitions and topic ids are served
     readonly.py     every write API, answered with the read-only error

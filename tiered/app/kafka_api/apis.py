@@ -18,10 +18,14 @@ from kio.schema.errors import ErrorCode
 from tiered.app.kafka_api.context import Connection, Services
 from tiered.app.kafka_api.fetch import handle_fetch
 from tiered.app.kafka_api.groups import (
+    handle_delete_groups,
+    handle_describe_groups,
     handle_heartbeat,
     handle_join_group,
     handle_leave_group,
+    handle_list_groups,
     handle_offset_commit,
+    handle_offset_delete,
     handle_offset_fetch,
     handle_sync_group,
 )
@@ -83,6 +87,8 @@ APIS: dict[int, Api] = {a.key: a for a in (
     Api(12, "Heartbeat", 0, 4, handle_heartbeat),
     Api(13, "LeaveGroup", 0, 5, handle_leave_group),
     Api(14, "SyncGroup", 0, 5, handle_sync_group),
+    Api(15, "DescribeGroups", 0, 6, handle_describe_groups),
+    Api(16, "ListGroups", 0, 5, handle_list_groups),
     Api(18, "ApiVersions", 0, 4, _handle_api_versions),
     Api(19, "CreateTopics", 2, 7, READ_ONLY_APIS[19]),
     Api(20, "DeleteTopics", 1, 6, READ_ONLY_APIS[20]),
@@ -94,7 +100,7 @@ APIS: dict[int, Api] = {a.key: a for a in (
     Api(28, "TxnOffsetCommit", 0, 5, READ_ONLY_APIS[28]),
     Api(33, "AlterConfigs", 0, 2, READ_ONLY_APIS[33]),
     Api(37, "CreatePartitions", 0, 3, READ_ONLY_APIS[37]),
-    Api(42, "DeleteGroups", 0, 2, READ_ONLY_APIS[42]),
+    Api(42, "DeleteGroups", 0, 2, handle_delete_groups),
     Api(44, "IncrementalAlterConfigs", 0, 1, READ_ONLY_APIS[44]),
-    Api(47, "OffsetDelete", 0, 0, READ_ONLY_APIS[47]),
+    Api(47, "OffsetDelete", 0, 0, handle_offset_delete),
 )}

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from kio.schema.errors import ErrorCode
 
 __all__ = [
+    "GroupDescription",
     "GroupSettings",
     "GroupState",
     "Groups",
@@ -96,6 +97,28 @@ class SyncResult:
     protocol_type: str | None = None
     protocol_name: str | None = None
     assignment: bytes = b""
+
+
+@dataclass(frozen=True)
+class MemberDescription:
+    member_id: str
+    client_id: str
+    client_host: str
+    #: the member's metadata of the group's protocol (its subscription)
+    metadata: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    """What DescribeGroups and ListGroups tell of a group in memory."""
+
+    group_id: str
+    state: GroupState
+    protocol_type: str
+    #: the chosen protocol (assignor) once a rebalance completed, else ""
+    protocol_name: str
+    members: tuple[MemberDescription, ...]
 
 
 @dataclass
@@ -167,6 +190,32 @@ class Groups:
     def members(self, group_id: str) -> list[str]:
         g = self._groups.get(group_id)
         return [] if g is None else list(g.members)
+
+    def describe(self, group_id: str) -> GroupDescription | None:
+        """The group as DescribeGroups shows it; None when this endpoint never saw it."""
+        g = self._groups.get(group_id)
+        if g is None:
+            return None
+        stable = g.state is GroupState.STABLE
+        chosen = g.protocol_name or ""
+        members = tuple(
+            MemberDescription(m.member_id, m.client_id, m.client_host,
+                              dict(m.protocols).get(chosen, b"") if chosen else b"",
+                              g.assignments.get(m.member_id, b"") if stable else b"")
+            for m in g.members.values())
+        return GroupDescription(g.group_id, g.state, g.protocol_type or "", chosen, members)
+
+    def group_ids(self) -> list[str]:
+        """Every group this endpoint has seen (members or not), sorted."""
+        return sorted(self._groups)
+
+    def forget(self, group_id: str) -> bool:
+        """Drop an EMPTY group (DeleteGroups); False when it has members (or is unknown)."""
+        g = self._groups.get(group_id)
+        if g is None or g.members or g.pending:
+            return False
+        del self._groups[group_id]
+        return True
 
     # -- JoinGroup -----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Every API that would write (Produce, topic and config admin, transactions, group deletion) is
+"""Every API that would write topic data (Produce, topic and config admin, transactions) is
 answered, never dropped: each topic, partition or resource it names gets POLICY_VIOLATION, with
 a message saying the endpoint is read-only wherever the response has a message field
 (docs/kafka-api.md, "Writes").
@@ -112,20 +112,6 @@ def _create_partitions(cls: type[Any], body: Any) -> Any:
         build(result, name=t.name, **_ERR) for t in body.topics))
 
 
-def _delete_groups(cls: type[Any], body: Any) -> Any:
-    result = nested(cls, "DeletableGroupResult")
-    return build(cls, throttle_time=ZERO, results=tuple(
-        build(result, group_id=g, error_code=REFUSED) for g in body.groups_names))
-
-
-def _offset_delete(cls: type[Any], body: Any) -> Any:
-    part_cls = nested(cls, "OffsetDeleteResponsePartition")
-    return build(cls, throttle_time=ZERO, error_code=REFUSED, topics=tuple(
-        build(nested(cls, "OffsetDeleteResponseTopic"), name=t.name, partitions=tuple(
-            build(part_cls, partition_index=p.partition_index, error_code=REFUSED)
-            for p in t.partitions)) for t in body.topics))
-
-
 def _refuse(builder: Callable[[type[Any], Any], Any]) -> Callable[
         [Services, Connection, Request], Reply]:
     def handle(svc: Services, conn: Connection, req: Request) -> Reply:
@@ -151,7 +137,5 @@ READ_ONLY_APIS: dict[int, Callable[[Services, Connection, Request], Reply]] = {
     28: _refuse(_txn_offset_commit),
     33: _refuse(_alter_configs),
     37: _refuse(_create_partitions),
-    42: _refuse(_delete_groups),
     44: _refuse(_alter_configs),  # IncrementalAlterConfigs
-    47: _refuse(_offset_delete),
 }

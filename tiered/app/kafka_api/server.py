@@ -36,7 +36,7 @@ from tiered.app.kafka_api.apis import API_VERSIONS, APIS, unsupported_api_versio
 from tiered.app.kafka_api.catalog import Catalog
 from tiered.app.kafka_api.context import Connection, Node, Services
 from tiered.app.kafka_api.coordinator import GroupSettings
-from tiered.app.kafka_api.groups import GroupCoordinator
+from tiered.app.kafka_api.groups import GroupCoordinator, OffsetLimits
 from tiered.app.kafka_api.wire import (
     FRAME_SIZE,
     MalformedRequest,
@@ -141,6 +141,11 @@ class KafkaServer:
             initial_delay_s=c.group_initial_rebalance_delay_ms / 1000,
             min_session_timeout_s=c.group_min_session_timeout_ms / 1000,
             max_session_timeout_s=c.group_max_session_timeout_ms / 1000), reader.store,
+            limits=OffsetLimits(
+                metadata_max_chars=c.offset_metadata_max_bytes, max_groups=c.max_groups,
+                max_offsets_per_group=c.max_offsets_per_group,
+                retention_ms=c.offsets_retention_minutes * 60_000,
+                check_interval_s=c.offsets_retention_check_interval_ms / 1000),
             prove_writes=prove_writes, clock=self._clock)
         host, port = self.advertised
         self.services = Services(

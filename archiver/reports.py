@@ -102,12 +102,9 @@ class ArchiverStats:
     leases: LeaseStats = field(default_factory=LeaseStats)
 
 
-def storage_row(part: PartitionLog, snap: LogSnapshot | None, view: PartitionView | None,
-                m: PartitionManifest | None, error: str | None = None, *,
-                uploader: tuple[str | None, str] = (None, "uploader")) -> dict[str, Any]:
-    """One partition's `describe-storage` row: what is local, what is in the bucket, what is
-    still pending upload and below which offset local data may go, and who uploads it
-    (`uploader`: the node holding its upload lease or None, and this node's role)."""
+def remote_section(m: PartitionManifest | None, error: str | None = None) -> dict[str, Any]:
+    """The `remote` part of a describe-storage row: what the head manifest `m` holds, and the
+    error that kept it from being read."""
     remote: dict[str, Any] = {"start_offset": None, "last_offset": None, "size_bytes": 0,
                               "segments": 0, "archived_manifests": 0}
     if error is not None:
@@ -117,6 +114,16 @@ def storage_row(part: PartitionLog, snap: LogSnapshot | None, view: PartitionVie
             start_offset=m.log_start_offset, last_offset=m.last_offset, size_bytes=m.cloud_bytes,
             segments=len(m.segments) + sum(e.segment_count for e in m.archives),
             archived_manifests=len(m.archives))
+    return remote
+
+
+def storage_row(part: PartitionLog, snap: LogSnapshot | None, view: PartitionView | None,
+                m: PartitionManifest | None, error: str | None = None, *,
+                uploader: tuple[str | None, str] = (None, "uploader")) -> dict[str, Any]:
+    """One partition's `describe-storage` row: what is local, what is in the bucket, what is
+    still pending upload and below which offset local data may go, and who uploads it
+    (`uploader`: the node holding its upload lease or None, and this node's role)."""
+    remote = remote_section(m, error)
     hw = part.high_watermark
     if hw is None and snap is not None:
         hw = snap.high_watermark

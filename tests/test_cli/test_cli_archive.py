@@ -253,8 +253,10 @@ def test_describe_storage_topic_filter_and_human_table(tmp_path: Path) -> None:
     assert [line.split()[0] for line in lines[1:4]] == ["audit.log-0", "orders-0", "orders-1"]
     assert lines[-1].startswith("3 partitions: ")
 
-    assert _json(invoke("describe-storage", "--config", str(config), "--topic", "nope",
-                        "--json")) == []
+    # a topic nobody holds is unknown, not an empty table (exit 7)
+    unknown = CliRunner().invoke(cli, ["-q", "describe-storage", "--config", str(config),
+                                       "--topic", "nope", "--json"])
+    assert unknown.exit_code == 7 and unknown.stdout == ""
 
 
 def test_describe_storage_rejects_a_hostile_topic_name(setup: tuple[Path, Path]) -> None:
@@ -401,3 +403,39 @@ def test_bucket_create_for_a_directory_bucket(tmp_path: Path) -> None:
     assert (tmp_path / "bucket").is_dir()
     again = CliRunner().invoke(cli, ["bucket", "create", "--config", str(config)])
     assert again.exit_code == 0 and "already exists" in again.stdout
+
+
+def test_describe_storage_describes_the_bucket_on_a_history_server_config(
+        setup: tuple[Path, Path], tmp_path: Path) -> None:
+    """`[log] dirs = []` (a history server) has no log, but a bucket to describe; a topic only
+    the bucket holds is described from it; a topic nobody holds is an error, not an empty
+    table."""
+    config, _log_dir = setup
+    invoke("archive", "--once", "--config", str(config))
+    archived = {r["partition"]: r["remote"]
+                for r in _json(invoke("describe-storage", "--config", str(config), "--json"))}
+    url = load_config(config).storage.url
+    history = write_config(tmp_path / "history.toml", url, None,
+                           '[log]\ndirs = []\n[node]\nid = "history-1"\n')
+    rows = _json(invoke("describe-storage", "--config", str(history), "--json"))
+    assert [(r["topic"], r["partition"]) for r in rows] == [("orders", 0), ("orders", 1),
+                                                             ("orders", 2)]
+    for row in rows:
+        assert set(row) == ROW_KEYS and set(row["remote"]) == REMOTE_KEYS
+        assert row["remote"] == archived[row["partition"]] and row["remote"]["segments"] > 0
+        assert row["local"]["segments"] == 0 and row["pending_bytes"] == 0
+        assert row["uploader"] == load_config(config).node_id() and row["role"] == "standby"
+    table = CliRunner().invoke(cli, ["-q", "describe-storage", "--config", str(history)])
+    assert table.exit_code == 0 and "orders-2" in table.stdout
+
+    elsewhere = tmp_path / "other-log"
+    elsewhere.mkdir()
+    other = write_config(tmp_path / "other.toml", url, elsewhere)
+    only_bucket = _json(invoke("describe-storage", "--config", str(other), "--topic", "orders",
+                               "--json"))
+    assert [r["remote"] for r in only_bucket] == [archived[p] for p in (0, 1, 2)]
+    for cfg in (config, history, other):
+        unknown = CliRunner().invoke(cli, ["-q", "describe-storage", "--config", str(cfg),
+                                           "--topic", "nosuch"])
+        assert unknown.exit_code == 7, unknown.output
+        assert "unknown topic 'nosuch'" in unknown.stderr

@@ -29,6 +29,7 @@ from tiered.app.daemon import (
     report_problems,
 )
 from tiered.cli.options import config_option, json_option
+from tiered.errors import TieredError
 
 if TYPE_CHECKING:
     from archiver.service import Archiver, PassReport
@@ -209,6 +210,12 @@ def archive_command(config_path: Path, once: bool, as_json: bool) -> None:
 # --- describe-storage --------------------------------------------------------------------------
 
 
+class UnknownTopic(TieredError):
+    """describe-storage was asked for a topic nobody holds."""
+
+    exit_code = 7
+
+
 def _check_topic(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     from tiered.config import check_topic_name
 
@@ -235,19 +242,31 @@ def conditions_line(verdict: dict[str, Any] | None) -> str:
 def describe_storage_command(config_path: Path, topic: str | None, as_json: bool) -> None:
     """Per partition: what is on local disk, what is in the bucket, what waits for upload,
     and the offset below which local deletion is safe. Reads only; changes nothing."""
+    from archiver.bucket_rows import bucket_rows, bucket_topics
     from tiered.app.cluster import lease_view_for
     from tiered.app.describe import render_rows, summary_line
+    from tiered.config import load_config
     from tiered.store import check_reachable
     from tiered.store.probe import recorded_verdict
 
-    config = _load(config_path, "describe-storage")
+    config = load_config(config_path)
+    if not config.history_server:  # a history server has no log: it describes the bucket
+        check_log_dirs(config, "describe-storage")
     # an interactive read: a store that does not answer is said once, after a short retry,
     # rather than once per partition after a long one
     with _archiver(config, probe=False, max_attempts=DESCRIBE_ATTEMPTS) as archiver:
         check_reachable(archiver.store)
         archiver.ownership = lease_view_for(config, archiver.store)
         archiver.scan()
-        rows = archiver.describe(topic)
+        rows = [] if config.history_server else archiver.describe(topic)
+        if config.history_server or (topic is not None and not rows):
+            # partitions only the bucket knows: all of them on a history server, or the one
+            # topic asked for when this node holds none of it
+            known = bucket_topics(archiver.store, topic)
+            rows = bucket_rows(archiver.mstore, archiver.ownership, known)
+            if topic is not None and not known:
+                raise UnknownTopic(f"unknown topic {topic!r}: neither the log dirs nor the "
+                                   "bucket hold it (check the name, or the [storage] url)")
         verdict = recorded_verdict(archiver.store)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from support.processes import child_env
-from support.requests import encode, sample, served
+from support.requests import METADATA_V1_ATTACK, METADATA_V12_ATTACK, encode, sample, served
 
 from tiered.app.kafka_api import frame_check
 from tiered.app.kafka_api.frame_check import FrameError, check_request
@@ -25,11 +25,6 @@ from tiered.app.kafka_api.wire import parse_request
 
 SERVED = [pytest.param(cls, id=f"{cls.__name__}-v{version}") for _k, version, cls in served()]
 
-#: Metadata v12, client "attacker", topics count the varint ff ff ff ff 0f: 31 bytes in all
-METADATA_V12_ATTACK = (struct.pack(">ihhih", 27, 3, 12, 1, 8) + b"attacker" + b"\x00"
-                       + b"\xff\xff\xff\xff\x0f" + b"\x00\x00\x00")
-#: Metadata v1 whose classic Int32 topics count is 2^31-1
-METADATA_V1_ATTACK = struct.pack(">ihhihsi", 15, 3, 1, 1, 1, b"x", 2**31 - 1)
 
 
 @pytest.mark.parametrize("cls", SERVED)
@@ -140,6 +135,11 @@ def _v12(body: bytes) -> bytes:
     (struct.pack(">hhih", 3, 1, 1, -2), (3, 1), r"client_id: a length of -2 at byte 8"),
     (struct.pack(">hhihsi", 3, 1, 1, 1, b"c", -3), (3, 1), r"an array count of -3 at byte 11"),
     (_v12(b"\x01\x00\x00\x00\x00"), (3, 12), r"1 bytes after its last field \(byte 16\)"),
+    # nulls where the schema has none: kio reads them, the handlers would meet a None
+    (struct.pack(">hhihsii", 20, 1, 1, 1, b"c", -1, 0), (20, 1),
+     r"DeleteTopicsRequest\.topic_names: null at byte 11, but the array is not nullable"),
+    (struct.pack(">hhihshih", 12, 0, 1, 1, b"c", -1, 5, 0), (12, 0),
+     r"HeartbeatRequest\.group_id: null at byte 11, but the field is not nullable"),
 ])
 def test_bad_counts_and_lengths_name_field_and_byte(frame: bytes, cls: tuple[int, int],
                                                      message: str) -> None:

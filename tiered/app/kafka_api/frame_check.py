@@ -23,6 +23,8 @@ only that every element kio will allocate is backed by bytes of the frame.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +80,9 @@ class _Field:
     #: bytes of a fixed-size value
     size: int = 0
     entity: _Entity | None = None
+    #: the field may be null (an array: the array itself); `items_nullable`: its elements
+    nullable: bool = True
+    items_nullable: bool = False
 
     def min_value(self) -> int:
         """The fewest bytes one value can take."""
@@ -117,23 +122,30 @@ def _compile_now(cls: type[Any], header: bool) -> _Entity:
         name = f"{cls.__name__}.{f.name}"
         shape = classify_field(f)
         array = shape.is_array
+        # kio reads a null where the schema has none, and the handlers would meet a None
+        # they cannot have: Kafka refuses such a request. Tagged fields may be left null.
+        nullable = tag is not None or _optional(f.type)
+        items = (array and _optional(typing.get_args(_strip_none(f.type))[0]))
         if isinstance(shape, EntityField | EntityTupleField):
             nested = _compile(shape.type_)
             # a tagged entity is written without a null marker; a nullable array's null is
             # its count, not a marker
-            nullable = not array and tag is None and is_optional(f)
-            field = _Field(name, _NULLABLE_ENTITY if nullable else _ENTITY, array, flexible,
-                           entity=nested)
+            marked = not array and tag is None and is_optional(f)
+            field = _Field(name, _NULLABLE_ENTITY if marked else _ENTITY, array, flexible,
+                           entity=nested, nullable=nullable, items_nullable=items)
         else:
             kafka_type = get_schema_field_type(f)
             if kafka_type == "string":
                 # Kafka writes the header's client_id as a classic string in every version
                 compact = flexible and not (header and f.name == "client_id")
-                field = _Field(name, _STRING, array, compact)
+                field = _Field(name, _STRING, array, compact, nullable=nullable,
+                               items_nullable=items)
             elif kafka_type in ("bytes", "records"):
-                field = _Field(name, _BYTES, array, flexible)
+                field = _Field(name, _BYTES, array, flexible, nullable=nullable,
+                               items_nullable=items)
             elif kafka_type in _FIXED:
-                field = _Field(name, _FIXED_KIND, array, flexible, size=_FIXED[kafka_type])
+                field = _Field(name, _FIXED_KIND, array, flexible, size=_FIXED[kafka_type],
+                               nullable=nullable)
             else:
                 raise TypeError(f"{name}: no layout for the Kafka type {kafka_type!r}")
         if tag is not None:
@@ -153,6 +165,19 @@ def _compile_now(cls: type[Any], header: bool) -> _Entity:
 
 def _plain_fixed(field: _Field) -> bool:
     return field.kind == _FIXED_KIND and not field.array
+
+
+def _optional(tp: Any) -> bool:
+    """`tp` is `X | None`."""
+    return typing.get_origin(tp) in (types.UnionType, typing.Union) and (
+        type(None) in typing.get_args(tp))
+
+
+def _strip_none(tp: Any) -> Any:
+    """`X` of `X | None`; `tp` itself otherwise."""
+    if _optional(tp):
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
 
 
 def check_request(frame: bytes | bytearray | memoryview, cls: type[Any]) -> None:
@@ -177,7 +202,7 @@ def _entity(buf: memoryview, pos: int, end: int, entity: _Entity) -> int:
 
 def _field(buf: memoryview, pos: int, end: int, field: _Field) -> int:
     if not field.array:
-        return _value(buf, pos, end, field)
+        return _value(buf, pos, end, field, field.nullable)
     at = pos
     if field.compact:
         count, pos = _uvarint(buf, pos, end, field.name)
@@ -186,6 +211,8 @@ def _field(buf: memoryview, pos: int, end: int, field: _Field) -> int:
         count, pos = _int(buf, pos, end, 4, field.name)
     if count < -1:
         raise FrameError(f"{field.name}: an array count of {count} at byte {at}")
+    if count == -1 and not field.nullable:
+        raise FrameError(f"{field.name}: null at byte {at}, but the array is not nullable")
     if count <= 0:
         return pos
     least = max(1, field.min_value())
@@ -196,12 +223,13 @@ def _field(buf: memoryview, pos: int, end: int, field: _Field) -> int:
         return pos + count * field.size
     if field.kind == _ENTITY and field.entity is not None and field.entity.fixed is not None:
         return pos + count * field.entity.fixed
+    nullable = field.items_nullable
     for _ in range(count):
-        pos = _value(buf, pos, end, field)
+        pos = _value(buf, pos, end, field, nullable)
     return pos
 
 
-def _value(buf: memoryview, pos: int, end: int, field: _Field) -> int:
+def _value(buf: memoryview, pos: int, end: int, field: _Field, nullable: bool) -> int:
     kind = field.kind
     if kind == _FIXED_KIND:
         if field.size > end - pos:
@@ -217,6 +245,8 @@ def _value(buf: memoryview, pos: int, end: int, field: _Field) -> int:
             length, pos = _int(buf, pos, end, 2 if kind == _STRING else 4, field.name)
         if length < -1:
             raise FrameError(f"{field.name}: a length of {length} at byte {at}")
+        if length == -1 and not nullable:
+            raise FrameError(f"{field.name}: null at byte {at}, but the field is not nullable")
         if length > end - pos:
             raise FrameError(f"{field.name}: a length of {length} at byte {at}; "
                              f"{end - pos} bytes are left")

@@ -25,6 +25,14 @@ from kio.serial._introspect import (
 from tiered.app.kafka_api.apis import APIS
 from tiered.app.kafka_api.messages import request_class
 
+#: Metadata v12 (size prefix included), client "attacker", whose topics count is the varint
+#: ff ff ff ff 0f: 31 bytes in all; kio asked for 32 GiB and aborted the process
+METADATA_V12_ATTACK = (struct.pack(">ihhih", 27, 3, 12, 1, 8) + b"attacker" + b"\x00"
+                       + b"\xff\xff\xff\xff\x0f" + b"\x00\x00\x00")
+#: Metadata v1 (size prefix included) whose classic Int32 topics count is 2^31-1: kio asked
+#: for 16 GiB, which aborts a process under a 4 GiB address-space limit
+METADATA_V1_ATTACK = struct.pack(">ihhihsi", 15, 3, 1, 1, 1, b"x", 2**31 - 1)
+
 #: a value of each fixed-size Kafka type, distinct from Kafka's defaults so tagged fields of
 #: these types are written
 _VALUES: dict[str, Any] = {

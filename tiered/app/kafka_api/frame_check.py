@@ -13,11 +13,17 @@ versions), and refuses a frame in which any count or length cannot fit in what i
 * varints are at most 5 bytes; a length below -1 (null) is refused;
 * tagged fields: each needs at least two bytes (tag and size), a size must fit, and a known
   tagged field is walked inside its size;
+* a null (count or length -1) only where the schema allows one: kio would read it into a
+  field the handlers take to be never None, as Kafka's own readers refuse it;
 * the walk must end exactly at the end of the frame.
 
 The walk reads nothing into memory but positions, so a frame's check costs time linear in its
-size and no more memory than its nesting. It does not judge values (kio and the handlers do);
-only that every element kio will allocate is backed by bytes of the frame.
+size and no more memory than its nesting. It does not judge other values (kio and the
+handlers do); only that every element kio will allocate is backed by bytes of the frame.
+
+The layout comes from kio's own introspection of its schema classes (`kio.serial._introspect`,
+what its writer uses); the tests walk a request of every served API and version as kio writes
+it, so a kio whose layout differs fails them rather than the endpoint.
 """
 
 from __future__ import annotations

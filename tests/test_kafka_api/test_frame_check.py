@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.kafka_requests import METADATA_V1_ATTACK, METADATA_V12_ATTACK, encode, sample, served
 from support.processes import child_env
-from support.requests import METADATA_V1_ATTACK, METADATA_V12_ATTACK, encode, sample, served
 
 from tiered.app.kafka_api import frame_check
 from tiered.app.kafka_api.frame_check import FrameError, check_request

@@ -24,7 +24,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from support.kafka_endpoint import TOPIC, History, RawClient, Rec, request_class
 from support.kafka_process import KafkaDaemonProcess, write_config
-from support.requests import METADATA_V1_ATTACK, METADATA_V12_ATTACK, seeds, sized
+from support.kafka_requests import METADATA_V1_ATTACK, METADATA_V12_ATTACK, seeds, sized
 from support.waiting import wait_until
 
 from tiered.app.kafka_api.messages import build, nested

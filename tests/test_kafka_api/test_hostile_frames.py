@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(600)
 ADDRESS_SPACE = 4 << 30
 #: the fuzzer's seed, frames and time budget: whichever of the two limits comes first
 FUZZ_SEED = 0x7F1E_D31A
-FUZZ_FRAMES = 3000
+FUZZ_FRAMES = 5000
 FUZZ_BUDGET_S = 60.0
 #: how long the fuzzer waits for an answer before it gives up on that connection
 ANSWER_WAIT_S = 2.0

@@ -195,7 +195,8 @@ def test_bad_requests_close_only_their_connection(daemon: Daemon, caplog: pytest
     bystander = RawClient(port)
     bad = RawClient(port)
     try:
-        with caplog.at_level(logging.WARNING, logger="tiered.app.kafka_api"):
+        # bad requests from one address are logged once a minute, the rest at debug level
+        with caplog.at_level(logging.DEBUG, logger="tiered.app.kafka_api"):
             bad.send_frame(frame)
             assert bad.closed_by_server()
         assert any(logged in r.getMessage() for r in caplog.records), caplog.text
@@ -212,7 +213,7 @@ def test_an_oversized_request_closes_its_connection(daemon: Daemon,
     assert daemon.kafka is not None
     bad = RawClient(daemon.kafka.port)
     try:
-        with caplog.at_level(logging.WARNING, logger="tiered.app.kafka_api"):
+        with caplog.at_level(logging.DEBUG, logger="tiered.app.kafka_api"):
             bad.sock.sendall((1 << 30).to_bytes(4, "big"))  # 1 GiB announced: never read
             assert bad.closed_by_server()
         assert "max_request_bytes" in caplog.text
@@ -220,6 +221,26 @@ def test_an_oversized_request_closes_its_connection(daemon: Daemon,
         bad.close()
     assert _topic_id(RawClient(daemon.kafka.port), TOPIC) is not None
 
+
+def test_a_clients_bad_requests_are_logged_once_a_minute_and_all_counted(
+        daemon: Daemon, caplog: pytest.LogCaptureFixture) -> None:
+    assert daemon.kafka is not None
+    before = daemon.kafka.stats()["closed_bad_requests"]
+    with caplog.at_level(logging.DEBUG, logger="tiered.app.kafka_api"):
+        for _ in range(3):
+            bad = RawClient(daemon.kafka.port)
+            try:
+                bad.send_frame(b"\x00\x37\x00\x00\x00\x00\x00\x01\x00\x00")  # API key 55
+                assert bad.closed_by_server()
+            finally:
+                bad.close()
+    closing = [r for r in caplog.records if "closing the connection from 127.0.0.1" in
+               r.getMessage()]
+    assert len(closing) == 3
+    # one WARNING at most (none when an earlier test's bad request was logged this minute)
+    assert sum(r.levelno == logging.WARNING for r in closing) <= 1
+    assert sum(r.levelno == logging.DEBUG for r in closing) >= 2
+    assert daemon.kafka.stats()["closed_bad_requests"] == before + 3
 
 def test_slow_and_stuck_clients_do_not_stall_others(history: History, daemon: Daemon) -> None:
     """One client sends half a request header and stops; another pipelines fetches and never

@@ -8,8 +8,10 @@ others (docs/kafka-api.md, "Limits and security").
   after `idle_timeout_ms`, and a TLS handshake happens on the connection's thread.
 * At most `max_connections` connections are served; one more is accepted and closed at once,
   with a log line (at most one per `REFUSAL_LOG_S`).
-* A request frame larger than `max_request_bytes`, one that does not parse, or an API or
-  version that is not served closes that connection with a log line; nothing else is affected.
+* A request frame larger than `max_request_bytes`, one that does not parse (a count or length
+  that does not fit in the frame among them: frame_check), or an API or version that is not
+  served closes that connection; nothing else is affected. It is logged at most once per
+  client address per `BAD_REQUEST_LOG_S` (the rest at debug level, all counted).
   An ApiVersions request of an unknown version gets Kafka's UNSUPPORTED_VERSION answer instead.
 * Fetch answers send the record bytes with `sendfile` on plain TCP.
 
@@ -37,6 +39,7 @@ from tiered.app.kafka_api.catalog import Catalog
 from tiered.app.kafka_api.context import Connection, Node, Services
 from tiered.app.kafka_api.coordinator import GroupSettings
 from tiered.app.kafka_api.groups import GroupCoordinator, OffsetLimits
+from tiered.app.kafka_api.ratelog import OncePerKey
 from tiered.app.kafka_api.wire import (
     FRAME_SIZE,
     MalformedRequest,
@@ -62,6 +65,8 @@ IO_TIMEOUT_S = 60.0
 DRAIN_S = 10.0
 #: at most one "too many connections" line per this many seconds
 REFUSAL_LOG_S = 10.0
+#: at most one "closing the connection" line per client address per this many seconds
+BAD_REQUEST_LOG_S = 60.0
 #: the node id Metadata gives this endpoint (one node: it leads everything it serves)
 NODE_ID = 0
 _CLUSTER_NAMESPACE = uuid.UUID("0b8f7f7c-2f7e-4f3a-9a49-3c4f5d5b6a10")
@@ -104,6 +109,7 @@ class KafkaServer:
         self._ids = itertools.count(1)
         self._accepting: threading.Thread | None = None
         self._refusal_logged = 0.0
+        self._bad_request_log = OncePerKey(BAD_REQUEST_LOG_S, clock=clock)
         self.services: Services | None = None
 
     @property
@@ -258,9 +264,7 @@ class KafkaServer:
                 with self._lock:
                     self._stats.bytes_sent += reply.size
         except MalformedRequest as exc:
-            with self._lock:
-                self._stats.closed_bad_requests += 1
-            log.warning("kafka: closing the connection from %s: %s", conn.peer_host, exc)
+            self._bad_request(conn.peer_host, exc)
         except (OSError, ssl.SSLError) as exc:  # resets, timeouts, TLS failures: theirs alone
             log.debug("kafka: connection from %s ended: %s", conn.peer_host, exc)
         except Exception:
@@ -275,6 +279,19 @@ class KafkaServer:
                 self._conns.pop(conn_id, None)
                 self._threads.pop(conn_id, None)
                 self._stats.connections -= 1
+
+    def _bad_request(self, peer_host: str, exc: MalformedRequest) -> None:
+        """Count a connection closed for a bad request; log it once per client per
+        `BAD_REQUEST_LOG_S`, saying how many were held back since."""
+        with self._lock:
+            self._stats.closed_bad_requests += 1
+        held = self._bad_request_log.admit(peer_host)
+        if held is None:
+            log.debug("kafka: closing the connection from %s: %s", peer_host, exc)
+            return
+        more = (f" ({held} more connection(s) from it closed for bad requests since the "
+                "last line)" if held else "")
+        log.warning("kafka: closing the connection from %s: %s%s", peer_host, exc, more)
 
     def _read_frame(self, sock: socket.socket) -> bytes | None:
         """The next request frame; None when the client closed, went idle or the server

@@ -27,6 +27,7 @@ from typing import Any
 from kio.serial import entity_reader, entity_writer
 
 from cache.pieces import Pieces
+from tiered.app.kafka_api.frame_check import FrameError, check_request
 from tiered.app.kafka_api.messages import request_class
 
 __all__ = [
@@ -75,9 +76,15 @@ def peek_header(frame: bytes) -> tuple[int, int, int]:
 
 def parse_request(frame: bytes) -> Request:
     """The request in `frame` (without its size prefix), whose api key and version the caller
-    checked are served. `MalformedRequest` when it does not parse."""
+    checked are served. `MalformedRequest` when it does not parse, or when a count or length
+    in it cannot fit in the frame: checked before kio reads it, which would allocate what
+    any count asks (frame_check)."""
     key, version, _ = peek_header(frame)
     cls = request_class(key, version)
+    try:
+        check_request(frame, cls)
+    except FrameError as exc:
+        raise MalformedRequest(f"{cls.__name__} v{version} does not parse: {exc}") from None
     try:
         header, used = entity_reader(cls.__header_schema__)(frame, 0)
         body, size = entity_reader(cls)(frame, used)

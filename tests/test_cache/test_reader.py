@@ -856,3 +856,25 @@ def test_a_fetch_reaching_a_corrupt_local_batch_serves_the_remote_and_local_batc
         after = headers[-1]
         assert reader.fetch(TOPIC, 0, after.base_offset, 0).data == (
             active.read_bytes()[after.position:after.end_position])
+
+
+def test_a_fetch_holds_at_most_max_files_chunk_files(remote_only: Fixture) -> None:
+    """`max_files` bounds the chunk files one answer holds open: the answer stops short of
+    its byte budget, on a batch boundary, and the next fetch goes on from there."""
+    fx = remote_only
+    whole = b"".join(b[2] for b in fx.image.batches)
+    with fx.reader() as reader:
+        unbounded = reader.fetch_pieces(TOPIC, 0, 0, 10**9)
+        with unbounded:
+            assert unbounded.pieces.files > 3  # 300-byte chunks: many files
+        got, offset = b"", 0
+        while offset < fx.end:
+            with reader.fetch_pieces(TOPIC, 0, offset, 10**9, max_files=3) as part:
+                assert 0 < part.pieces.files <= 3
+                data = part.result().data
+                assert data == fx.image.expected(offset, len(data))
+                got, offset = got + data, part.next_offset
+        assert got == whole
+        # one file at least, whatever is asked: a consumer always makes progress
+        with reader.fetch_pieces(TOPIC, 0, 0, 10**9, max_files=0) as one:
+            assert one.pieces.files == 1 and one.result().data

@@ -12,6 +12,8 @@
     group_initial_rebalance_delay_ms = 3000
     group_min_session_timeout_ms = 6000
     group_max_session_timeout_ms = "30m"
+    fetch_max_bytes = "55 MiB"      # one Fetch answer at most (Kafka's fetch.max.bytes)
+    max_partitions_per_fetch = 1000 # partitions one Fetch reads; the rest wait their turn
 
 Pure parsing: every problem is reported through `add(where, message)`, naming the key. Whether
 the certificate files load is checked when the daemon starts (`tiered.app.kafka_api.server`).
@@ -67,6 +69,11 @@ class KafkaConfig:
     #: the session timeouts a joining member may ask for (Kafka's group.*.session.timeout.ms)
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
+    #: one Fetch answer's records at most, whatever the request's max_bytes (Kafka's broker
+    #: fetch.max.bytes); the first batch of the first partition with data comes regardless
+    fetch_max_bytes: int = 57_671_680
+    #: distinct partitions one Fetch reads; those past it get no data that time
+    max_partitions_per_fetch: int = 1000
 
     @property
     def tls(self) -> bool:
@@ -81,6 +88,8 @@ _NUMBERS: dict[str, tuple[Callable[[object], int], int]] = {
     "group_initial_rebalance_delay_ms": (parse_duration_ms, 0),
     "group_min_session_timeout_ms": (parse_duration_ms, 1),
     "group_max_session_timeout_ms": (parse_duration_ms, 1),
+    "fetch_max_bytes": (parse_size, 1),
+    "max_partitions_per_fetch": (parse_int, 1),
 }
 KAFKA_KEYS: tuple[str, ...] = ("listen", "advertised", "tls_cert", "tls_key", *_NUMBERS)
 

@@ -171,6 +171,33 @@ def test_partitions_past_the_bound_wait_for_the_next_request(history: History) -
                         data.log_start_offset) == (ErrorCode.none, b"", -1, -1)
 
 
+def test_partitions_that_do_not_exist_leave_no_session_behind(daemon: Daemon) -> None:
+    """A connection naming ever new partitions that do not exist keeps no read-cache session
+    for them (its session set would otherwise grow with every request)."""
+    from tiered.app.kafka_api.context import Connection
+    from tiered.app.kafka_api.fetch import handle_fetch
+    from tiered.app.kafka_api.wire import Request
+
+    kafka = daemon.kafka
+    assert kafka is not None
+    wait_until(lambda: kafka.services is not None, "the endpoint to start")
+    svc = kafka.services
+    assert svc is not None
+    conn = Connection(10**6, "127.0.0.1")
+    for first in range(2, 2002, 500):
+        body = _fetch_request(12, [(TOPIC, [(p, 0, 1000) for p in range(first, first + 500)]),
+                                   (f"no-such-topic-{first}", [(0, 0, 1000)])])
+        reply = handle_fetch(svc, conn, Request(FETCH, 12, 1, "test", body))
+        reply.close()
+    assert conn.sessions == set()
+    reply = handle_fetch(svc, conn, Request(FETCH, 12, 2, "test", _fetch_request(
+        12, [(TOPIC, [(1, 0, 1000)])])))
+    reply.close()
+    assert conn.sessions == {("kafka", conn.conn_id, TOPIC, 1)}
+    for session in conn.sessions:
+        svc.reader.close_reader(session)
+
+
 # --- the 2,000-duplicate attack on a real process ----------------------------------------------
 
 

@@ -33,14 +33,14 @@ from __future__ import annotations
 import datetime
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from cache.pieces import FilePiece, Pieces
-from cache.reader import FetchedPieces
+from cache.reader import FetchedPieces, InvalidRequest, UnknownPartition
 from tiered.app.kafka_api.context import Connection, FetchLimits, Services, error_code_of
 from tiered.app.kafka_api.messages import build, nested, response_class
 from tiered.app.kafka_api.wire import Reply, Request, new_marker
@@ -181,12 +181,14 @@ def _read_one(svc: Services, conn: Connection, topic: str, offset: int, limit: i
     reader = svc.reader
     where = f"{topic}-{out.index}"
     got: FetchedPieces | None = None
+    known = len(conn.sessions)
+    session: Hashable | None = None
     try:
         if limit <= 0 and not first:
             _bounds(svc, topic, out)
             return
-        got = reader.fetch_pieces(topic, out.index, offset, limit,
-                                  reader_id=conn.session(topic, out.index),
+        session = conn.session(topic, out.index)
+        got = reader.fetch_pieces(topic, out.index, offset, limit, reader_id=session,
                                   max_files=max(1, max_files))
     except OffsetOutOfRange as exc:
         _bounds(svc, topic, out)
@@ -195,6 +197,10 @@ def _read_one(svc: Services, conn: Connection, topic: str, offset: int, limit: i
         return
     except TieredError as exc:
         out.error = error_code_of(exc, where)
+        if isinstance(exc, (UnknownPartition, InvalidRequest)) and len(conn.sessions) > known:
+            # named by the client, never read: a connection naming ever new partitions that
+            # do not exist must not grow its session set
+            conn.sessions.discard(session)
         return
     out.high_watermark = got.high_watermark if got.high_watermark is not None else -1
     out.log_start_offset = got.log_start_offset if got.log_start_offset is not None else -1

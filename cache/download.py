@@ -45,9 +45,11 @@ Verifier = Callable[[Buffer, int], None]
 class _BadDownload(Exception):
     """A downloaded chunk is short or fails verification: discard it and fetch again."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, position: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        #: where in the object the damage starts, when the check knows
+        self.position = position
 
 
 def fetch_verified(
@@ -83,7 +85,7 @@ def fetch_verified(
             try:
                 verify(data, begin)
             except CorruptSegmentError as err:
-                raise _BadDownload(err.reason) from err
+                raise _BadDownload(err.reason, err.position) from err
         return data
 
     try:
@@ -95,7 +97,7 @@ def fetch_verified(
     except _BadDownload as bad:
         raise CorruptSegmentError(
             f"chunk failed verification in {attempts} downloads: {bad.reason}",
-            path=key, position=begin,
+            path=key, position=begin if bad.position is None else bad.position,
         ) from bad
     return result
 

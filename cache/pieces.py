@@ -49,6 +49,11 @@ class Pieces:
             self.parts.append(part)
             self.size += length
 
+    @property
+    def files(self) -> int:
+        """Shares of chunk files held (each at most one open descriptor and mapping)."""
+        return len(self._shared)
+
     def adopt(self, shared: Iterable[MappedFile]) -> None:
         """Release these shares of mapped files (`cache.mapped`) with this object."""
         self._shared.extend(shared)

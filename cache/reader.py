@@ -49,6 +49,7 @@ from cache.segment_reads import (
     Lru,
     RemoteSegments,
     Span,
+    local_log_end,
     local_offset_for_timestamp,
 )
 from cache.transactions import TransactionIndexes
@@ -58,7 +59,7 @@ from manifests.manifest import PartitionManifest, SegmentMeta
 from manifests.spillover import ManifestSettings
 from manifests.topic import load_topic_manifest
 from tiered.config import Config
-from tiered.errors import OffsetOutOfRange, TieredError
+from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.local_log import LocalLog, PartitionLog
@@ -316,10 +317,13 @@ class Reader:
 
     def fetch_pieces(
         self, topic: str, partition: int, offset: int, max_bytes: int = DEFAULT_MAX_BYTES,
-        *, reader_id: Hashable | None = None,
+        *, reader_id: Hashable | None = None, max_files: int | None = None,
     ) -> FetchedPieces:
         """`fetch`, with the bytes left where they lie (`cache.pieces`): the HTTP endpoint
-        sends the chunk-file ranges with sendfile. Close the answer when it is sent."""
+        sends the chunk-file ranges with sendfile. Close the answer when it is sent.
+        `max_files`: the answer holds at most this many chunk files open (at least one); it
+        stops short of `max_bytes` before opening more (the Kafka endpoint's per-request
+        bound on open files, docs/kafka-api.md)."""
         _check_request(topic, partition)
         for name, value in (("offset", offset), ("max_bytes", max_bytes)):
             if type(value) is not int or value < 0:
@@ -330,12 +334,12 @@ class Reader:
         try:
             try:
                 return self._fetch_once(topic, partition, offset, max_bytes, token,
-                                        reader_id is not None)
+                                        reader_id is not None, max_files)
             except _LocalVanished:
                 self._rescan()  # retention deleted a segment under us: retry on a new snapshot
             try:
                 return self._fetch_once(topic, partition, offset, max_bytes, token,
-                                        reader_id is not None)
+                                        reader_id is not None, max_files)
             except _LocalVanished as err:
                 raise TieredError(f"{topic}-{partition}: local segments keep disappearing while "
                                   f"being read ({err}); try again") from None
@@ -459,7 +463,7 @@ class Reader:
         if part is None or not part.segments:
             return part, None, None
         try:
-            lo, leo = part.log_start_offset, part.log_end_offset()
+            lo, leo = part.log_start_offset, local_log_end(part)
         except FileNotFoundError:
             return None, None, None  # deleted under us: treat as not local
         if lo is None or leo is None:
@@ -630,7 +634,7 @@ class Reader:
 
     def _fetch_once(
         self, topic: str, partition: int, offset: int, max_bytes: int, reader_id: Hashable,
-        session: bool,
+        session: bool, max_files: int | None = None,
     ) -> FetchedPieces:
         local, lo, hi = self._local_range(topic, partition, offset)
         m: PartitionManifest | None = None
@@ -662,7 +666,7 @@ class Reader:
         out = Pieces()
         try:
             nxt, sources = self._gather(topic, partition, offset, max_bytes, reader_id, session,
-                                        local, lo, hi, m, out)
+                                        local, lo, hi, m, out, max_files)
         except BaseException:
             out.close()
             raise
@@ -677,10 +681,11 @@ class Reader:
     def _gather(
         self, topic: str, partition: int, offset: int, max_bytes: int, reader_id: Hashable,
         session: bool, local: PartitionLog | None, lo: int | None, hi: int | None,
-        m: PartitionManifest | None, out: Pieces,
+        m: PartitionManifest | None, out: Pieces, max_files: int | None = None,
     ) -> tuple[int, list[str]]:
-        """Whole batches from `offset` into `out`, local log and bucket as the offsets lie;
-        returns the next offset and where the bytes came from."""
+        """Whole batches from `offset` into `out`, local log and bucket as the offsets lie,
+        holding at most `max_files` chunk files (None: no bound); returns the next offset and
+        where the bytes came from."""
         sources: list[str] = []
         nxt = offset
         remote_iter = None if m is None else self.manifests.iter_segments(m, offset)
@@ -690,6 +695,10 @@ class Reader:
             if local is not None and lo is not None and hi is not None and lo <= nxt < hi:
                 try:
                     got = self.local.read(local, nxt, budget, first, hi)
+                except CorruptSegmentError:
+                    if out:  # as below: the batches before the damage are served
+                        break
+                    raise
                 except FileNotFoundError as err:
                     if not out:
                         raise _LocalVanished(str(err)) from None
@@ -707,11 +716,14 @@ class Reader:
                 span = got[1]
                 where = "local"
             elif remote_iter is not None and m is not None and nxt <= m.last_offset:
+                files = None if max_files is None else max(1, max_files) - out.files
+                if files is not None and files <= 0:
+                    break  # the answer holds as many chunk files as it may
                 seg = next((s for s in remote_iter if s.last_offset >= nxt), None)
                 try:
                     span = None if seg is None else self.remote.read(
                         m, seg, nxt, budget, first, reader_id, out, session=session,
-                        following=self._following(m, seg))
+                        following=self._following(m, seg), max_files=files)
                 except TieredError:
                     if out:
                         # Kafka's semantics: serve the readable batches before a damaged or

@@ -64,6 +64,8 @@ __all__ = [
     "Span",
     "check_batches",
     "chunk_verifier",
+    "intact_prefix",
+    "local_log_end",
     "local_offset_for_timestamp",
     "take_batches",
 ]
@@ -75,6 +77,9 @@ log = logging.getLogger(__name__)
 INDEX_LRU_ENTRIES = 128
 #: consumer sessions whose position in a remote segment is remembered
 RESUME_ENTRIES = 4096
+#: bytes past a fetch's budget read from the store before damage in a chunk: the distance
+#: from the index's lower bound to the batch wanted, and a first batch larger than the budget
+_PREFIX_SLACK = 1 << 20
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -124,11 +129,23 @@ def take_batches(
 ) -> Span:
     """Choose batches from a header walk: skip those ending before `offset`, then take whole
     batches while they fit `budget` bytes (the very first of the fetch regardless, when
-    `first`: KIP-74), stopping before a batch reaching offset `limit` (the high watermark)."""
+    `first`: KIP-74), stopping before a batch reaching offset `limit` (the high watermark).
+    A walk that meets damage (CorruptSegmentError) after taking batches stops before it."""
     begin: int | None = None
     end = 0
     next_offset = offset
-    for h in headers:
+    walk = iter(headers)
+    while True:
+        try:
+            h = next(walk, None)
+        except CorruptSegmentError:
+            if begin is None:
+                raise  # the read starts at the damage: it fails, naming file and byte
+            # the batches before the damage are served; the next read starts at it and fails
+            # (docs/remote-read.md, "Corrupt data")
+            return Span(begin, end, next_offset, False)
+        if h is None:
+            return Span(begin, end, next_offset, True)
         if h.last_offset < offset:
             continue
         if limit is not None and h.last_offset >= limit:
@@ -139,12 +156,23 @@ def take_batches(
         if begin is None:
             begin = h.position
         end, next_offset = h.end_position, h.last_offset + 1
-    return Span(begin, end, next_offset, True)
 
 
 def check_batches(data: Buffer, where: str, base_position: int, low: int, high: int) -> None:
     """CRC-32C and structure of every batch in `data` (whole batches read from byte
     `base_position` of `where`), offsets within [low, high]; CorruptSegmentError otherwise."""
+    _intact, _next, err = intact_prefix(data, where, base_position, low, high)
+    if err is not None:
+        raise err
+
+
+def intact_prefix(data: Buffer, where: str, base_position: int, low: int, high: int
+                  ) -> tuple[int, int | None, CorruptSegmentError | None]:
+    """How many leading bytes of `data` (whole batches read from byte `base_position` of
+    `where`) are intact batches, as `check_batches` checks them; the offset after the last of
+    them (None: none is); and the damage that ends them (None: every batch is intact), its
+    position in `where`."""
+    intact, next_offset = 0, None
     try:
         for h in iter_batch_headers(data, path=where):
             if h.base_offset < low or h.last_offset > high:
@@ -154,8 +182,10 @@ def check_batches(data: Buffer, where: str, base_position: int, low: int, high: 
                     path=where,
                     position=h.position,
                 )
+            intact, next_offset = h.end_position, h.last_offset + 1
     except CorruptSegmentError as err:
-        raise err.at(path=where, base_position=base_position) from None
+        return intact, next_offset, err.at(path=where, base_position=base_position)
+    return intact, next_offset, None
 
 
 def chunk_verifier(key: str, seg: SegmentMeta) -> Verifier:
@@ -253,12 +283,16 @@ class ChunkFiles:
     with byte reads."""
 
     def __init__(self, handle: SegmentHandle, reader: ReaderId | None, size: int,
-                 where: str, *, session: bool) -> None:
+                 where: str, *, session: bool, max_files: int | None = None) -> None:
         self._handle = handle
         self._reader = reader
         self._session = session
         self.size = size
         self.where = where
+        #: the header walk ends before opening more chunk files than this (None: no bound)
+        self._max_files = max_files
+        #: whether it ended so, short of the segment's end
+        self.stopped = False
         #: the chunks opened, each a share of its file's mapping for the caller to release
         #: (`Pieces.adopt`) once the fetch is sent
         self.files: list[ChunkFile] = []
@@ -288,6 +322,9 @@ class ChunkFiles:
                     f"truncated batch: {size - pos} bytes left, a header needs "
                     f"{BATCH_HEADER.size}", path=where, position=pos)
             if mapping is None or not begin <= pos < end:
+                if self._max_files is not None and len(self.files) >= self._max_files:
+                    self.stopped = True
+                    return
                 f = self._file(pos)
                 begin, end, mapping = f.begin, f.end, f.mapping
                 if end - pos < BATCH_HEADER.size:
@@ -379,6 +416,7 @@ class RemoteSegments:
         self, m: PartitionManifest, seg: SegmentMeta, offset: int, budget: int, first: bool,
         reader: ReaderId | None, out: Pieces, *, session: bool = False,
         following: Callable[[], SegmentMeta | None] | None = None,
+        max_files: int | None = None,
     ) -> Span:
         """Whole batches of `seg` from the one holding `offset` within `budget` bytes (see
         `take_batches`), added to `out` as ranges of the cache's chunk files (which holds a
@@ -395,7 +433,10 @@ class RemoteSegments:
         `following` gives the segment after `seg`: when a session's read comes within
         `cloud_storage_chunk_prefetch` chunks of `seg`'s end, that segment's first chunk is read
         ahead (on a thread of its own, it downloads the segment's index first), so a consumer
-        crossing the boundary does not wait."""
+        crossing the boundary does not wait.
+
+        `max_files`: the read holds at most this many chunk files (the walk stops before
+        opening another: the span then ends short of the segment)."""
         if session and offset <= seg.base_offset and (
                 self._opened.get(m.segment_key(seg)) is None):
             # a consumer starting on a segment not opened yet: its bytes from byte 0 are
@@ -407,12 +448,17 @@ class RemoteSegments:
             start = resume[1]
         else:
             start = rs.index.lookup(offset, max_position=seg.size_bytes).position
-        files = ChunkFiles(rs.handle, reader, seg.size_bytes, rs.key, session=session)
+        files = ChunkFiles(rs.handle, reader, seg.size_bytes, rs.key, session=session,
+                           max_files=max_files)
         try:
-            span = take_batches(files.headers(start, offset), offset, budget, first, None)
-            if span.begin is not None:
-                for piece in files.pieces(span.begin, span.end):
-                    out.add(piece)
+            try:
+                span = take_batches(files.headers(start, offset), offset, budget, first, None)
+            except CorruptSegmentError as err:
+                span = self._intact_before(rs, start, offset, budget, first, err, out)
+            else:
+                if span.begin is not None:
+                    for piece in files.pieces(span.begin, span.end):
+                        out.add(piece)
         finally:
             out.adopt(f.file for f in files.files)
         if span.begin is not None and session:
@@ -421,9 +467,35 @@ class RemoteSegments:
             if following is not None and ahead > 0 and (
                     span.end >= starts[max(0, len(starts) - ahead)]):
                 self._read_ahead_next(m, following, reader, rs.key)
-        if span.exhausted:
+        if files.stopped:  # not the segment's end: the chunk files the answer may hold are
+            span = replace(span, exhausted=False)
+        elif span.exhausted:
             span = replace(span, next_offset=seg.next_offset)
         return span
+
+    def _intact_before(self, rs: _Opened, start: int, offset: int, budget: int, first: bool,
+                       err: CorruptSegmentError, out: Pieces) -> Span:
+        """The batches from `offset` that lie before the damage `err` found in the chunk the
+        read needed, read straight from the store (the cache serves no chunk that failed its
+        check, and the intact batches before the damage are the answer: docs/remote-read.md,
+        "Corrupt data"); re-raises `err` when the read starts at the damage. Reads as far as
+        the budget needs, then (for a first batch larger than that) up to the damage."""
+        bad = err.position
+        if err.path != rs.key or bad is None or bad <= start:
+            raise err
+        for stop in dict.fromkeys((min(bad, start + budget + _PREFIX_SLACK), bad)):
+            data = self.store.read_range(rs.key, start, stop)
+            intact, _after, _damage = intact_prefix(data, rs.key, start, rs.meta.base_offset,
+                                                    rs.meta.last_offset)
+            walk = iter_batch_headers(memoryview(data)[:intact], verify_crc=False)
+            span = take_batches((h._replace(position=h.position + start) for h in walk),
+                                offset, budget, first, None)
+            if span.begin is not None:
+                log.warning("%s; serving the intact batches before it (bytes %d..%d)", err,
+                            span.begin, span.end - 1)
+                out.add(bytes(data[span.begin - start:span.end - start]))
+                return replace(span, exhausted=False)
+        raise err
 
     def _read_ahead_next(self, m: PartitionManifest,
                          following: Callable[[], SegmentMeta | None],
@@ -526,18 +598,61 @@ class LocalSegments:
         index = self._offset_index(seg)
         with seg.open_log() as f:
             start = index.lookup(offset, max_position=f.size).position
-            span = take_batches(f.headers(start), offset, budget, first, limit)
+            # CRCs are checked below, on the batches served only: one damaged batch before
+            # `offset` must not fail reads after it
+            span = take_batches(f.headers(start, verify_crc=False), offset, budget, first,
+                                limit)
             data = b"" if span.begin is None else f.read(span.begin, span.end - span.begin)
         if span.begin is not None:
             if len(data) != span.end - span.begin:
                 raise FileNotFoundError(f"{seg.log_path} shrank while being read")
-            check_batches(data, str(seg.log_path), span.begin, seg.base_offset, limit)
+            intact, after, err = intact_prefix(data, str(seg.log_path), span.begin,
+                                               seg.base_offset, limit)
+            if err is not None:
+                if after is None:
+                    raise err  # the read starts at the damage
+                # serve the intact batches before it: the next read starts at the damage
+                # and fails there, naming the file and byte (docs/remote-read.md)
+                log.warning("%s; serving the %d intact bytes before it", err, intact)
+                data = data[:intact]
+                return data, Span(span.begin, span.begin + intact, after, False)
         if i + 1 < len(part.segments) and span.exhausted:
             span = replace(span, next_offset=max(span.next_offset,
                                                  part.segments[i + 1].base_offset))
         elif span.exhausted:
             span = replace(span, exhausted=False)  # the end of the local log
         return data, span
+
+
+def local_log_end(part: PartitionLog) -> int | None:
+    """`part.log_end_offset()`, found from batch headers alone when the active segment's tail
+    fails its checks: where batches end does not depend on their CRC-32Cs, and a fetch must
+    still reach the intact batches before damaged ones (it stops at the damage itself:
+    docs/remote-read.md, "Corrupt data"). A damaged header ends the walk there."""
+    try:
+        return part.log_end_offset()
+    except CorruptSegmentError as err:
+        active = part.active_segment
+        if active is None:
+            raise
+        log.debug("%s; finding the log end from batch headers alone", err)
+    try:
+        last = active.offset_index().last_entry
+    except CorruptSegmentError:
+        last = None
+    with active.open_log() as f:
+        starts = [0] if last is None else [
+            active.offset_index().lookup(last.offset, max_position=f.size).position, 0]
+        for start in dict.fromkeys(starts):
+            end: int | None = None
+            try:
+                for h in f.headers(start, verify_crc=False):
+                    end = h.last_offset + 1
+            except CorruptSegmentError:
+                pass
+            if end is not None:
+                return end
+    return active.base_offset
 
 
 def local_offset_for_timestamp(

@@ -10,6 +10,7 @@ by `test_reader_http.py` and `test_fetch_cli.py`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import threading
 import time
@@ -46,7 +47,7 @@ from tiered.config import Config
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 from tiered.kafka.checkpoints import topic_id_to_str
 from tiered.kafka.local_log import LocalLog, TopicPartition
-from tiered.kafka.log_writer import LogWriter
+from tiered.kafka.log_writer import LogWriter, write_high_watermarks
 from tiered.kafka.records import iter_batch_headers
 from tiered.store.base import Blob, ObjectStore, RangeStream
 from tiered.store.s3 import S3Store
@@ -768,3 +769,113 @@ def test_closing_a_reader_waits_for_a_head_refresh_already_reading(
             store.gate.set()
             closing.result(timeout=10)
         assert store.manifest_gets == 2 and not reader._refresh_timers
+
+
+# --- corruption stops at the corrupt batch --------------------------------------------------------
+
+
+def _flip_inside_batch(path: Path, position: int) -> None:
+    """Damage the batch starting at byte `position` of `path`: a byte of its records, so its
+    CRC-32C no longer matches (its header still parses)."""
+    data = bytearray(path.read_bytes())
+    data[position + 70] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_fetch_reaching_a_corrupt_remote_batch_serves_the_intact_batches_before_it(
+    remote_copy: Fixture,
+) -> None:
+    """Damage mid-chunk in a segment object: a fetch from 0 gets every batch before it (the
+    intact batches of the damaged chunk included); only a fetch starting at the damaged batch
+    fails, naming the object key and byte."""
+    root = Path(remote_copy.config.storage.url.removeprefix("file://"))
+    # chunks of several batches: the damaged one shares its chunk with intact ones
+    fx = dataclasses.replace(remote_copy, config=make_config(
+        root.parent / "big-chunks", cluster={"cloud_storage_cache_chunk_size": 4096},
+        bucket=root))
+    with fx.reader() as reader:
+        reader.fetch(TOPIC, 0, 0, 10**9)  # every segment opened: their chunk plans are known
+        m = reader._head(TOPIC, 0, None, required=True)
+        assert m is not None
+        segs = list(reader.manifests.iter_segments(m, 0))
+        seg = segs[len(segs) // 2]
+        key = m.segment_key(seg)
+        starts = reader.remote._open(m, seg).handle.chunk_starts
+    headers = list(iter_batch_headers((root / key).read_bytes()))
+    victim = next(h for h in headers[1:] if h.position not in starts)
+    before = headers[headers.index(victim) - 1]
+    _flip_inside_batch(root / key, victim.position)
+    with fx.reader() as reader:  # a new cache: nothing of the object is cached yet
+        got = reader.fetch(TOPIC, 0, 0, 10**9)
+        assert got.data == b"".join(d for base, _, d in fx.image.batches
+                                    if base < victim.base_offset)
+        assert got.next_offset == victim.base_offset
+        # the intact batch just before the damage, in the damaged chunk, is served alone
+        alone = reader.fetch(TOPIC, 0, before.base_offset, 10**9)
+        assert alone.data == fx.image.expected(before.base_offset, 0)
+        assert alone.next_offset == victim.base_offset
+        with pytest.raises(CorruptSegmentError) as err:
+            reader.fetch(TOPIC, 0, victim.base_offset, 10**9)
+        assert err.value.path == key and err.value.position == victim.position
+        assert f"byte {victim.position}" in str(err.value)
+        # past the damage the partition still reads
+        last = victim.last_offset + 1
+        assert reader.fetch(TOPIC, 0, last, 0).data == fx.image.expected(last, 0)
+
+
+def test_a_fetch_reaching_a_corrupt_local_batch_serves_the_remote_and_local_batches_before_it(
+    tmp_path: Path, file_store: Any,
+) -> None:
+    """The bucket holds the older offsets, the local log the newer ones with a damaged batch
+    near the end of its active segment: a large fetch from 0 answers everything up to it."""
+    fx = archived_partition(tmp_path, file_store, batches=60)
+    drop_local_segments(fx.config, below=fx.end // 2)
+    path = partition_dir(fx.config)
+    with LogWriter(path, segment_bytes=1 << 30, fsync=False) as w:
+        for _ in range(12):
+            w.append(producer_records(w.log_end_offset, 2))
+        end = w.log_end_offset
+    write_high_watermarks(fx.config.log_dirs[0], {TopicPartition(TOPIC, 0): end}, fsync=False)
+    active = max(path.glob("*.log"))
+    headers = list(iter_batch_headers(active.read_bytes()))
+    victim = headers[-2]
+    image = LogImage.of(path)
+    _flip_inside_batch(active, victim.position)
+    expected = b"".join(d for base, _, d in fx.image.batches if base < image.batches[0][0])
+    expected += b"".join(d for base, _, d in image.batches if base < victim.base_offset)
+    with fx.reader() as reader:
+        got = reader.fetch(TOPIC, 0, 0, 1 << 20)
+        assert got.source == "remote+local"
+        assert got.data == expected and got.next_offset == victim.base_offset
+        local_start = image.batches[0][0]
+        got = reader.fetch(TOPIC, 0, local_start, 1 << 20)
+        assert got.data == b"".join(d for base, _, d in image.batches
+                                    if base < victim.base_offset)
+        with pytest.raises(CorruptSegmentError) as err:
+            reader.fetch(TOPIC, 0, victim.base_offset, 1 << 20)
+        assert err.value.path == str(active) and err.value.position == victim.position
+        after = headers[-1]
+        assert reader.fetch(TOPIC, 0, after.base_offset, 0).data == (
+            active.read_bytes()[after.position:after.end_position])
+
+
+def test_a_fetch_holds_at_most_max_files_chunk_files(remote_only: Fixture) -> None:
+    """`max_files` bounds the chunk files one answer holds open: the answer stops short of
+    its byte budget, on a batch boundary, and the next fetch goes on from there."""
+    fx = remote_only
+    whole = b"".join(b[2] for b in fx.image.batches)
+    with fx.reader() as reader:
+        unbounded = reader.fetch_pieces(TOPIC, 0, 0, 10**9)
+        with unbounded:
+            assert unbounded.pieces.files > 3  # 300-byte chunks: many files
+        got, offset = b"", 0
+        while offset < fx.end:
+            with reader.fetch_pieces(TOPIC, 0, offset, 10**9, max_files=3) as part:
+                assert 0 < part.pieces.files <= 3
+                data = part.result().data
+                assert data == fx.image.expected(offset, len(data))
+                got, offset = got + data, part.next_offset
+        assert got == whole
+        # one file at least, whatever is asked: a consumer always makes progress
+        with reader.fetch_pieces(TOPIC, 0, 0, 10**9, max_files=0) as one:
+            assert one.pieces.files == 1 and one.result().data

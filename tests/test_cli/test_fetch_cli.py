@@ -224,3 +224,38 @@ def test_fetch_by_timestamp_in_the_bucket_and_the_local_log(tmp_path: Path,
     assert both.exit_code == 2 and "exactly one of --offset and --timestamp" in both.stderr
     naive = fetch(config, "--partition", "0", "--timestamp", "2026-11-01T00:00:00")
     assert naive.exit_code == 2 and "no time zone" in naive.stderr
+
+
+def test_a_corrupt_batch_mid_object_costs_only_itself(
+    tmp_path: Path, remote_template: tuple[Path, LogImage, int]
+) -> None:
+    """A damaged batch in the middle of a segment object (and of its chunk): a fetch reaching
+    it prints the batches before it (exit 0); one starting at it exits 3 naming the object key
+    and byte (docs/remote-read.md, "Corrupt data")."""
+    from tiered.kafka.records import iter_batch_headers
+
+    base, image, _end = remote_template
+    bucket = tmp_path / "bucket"
+    shutil.copytree(base / "bucket", bucket)
+    config = tmp_path / "tiered.toml"
+    config.write_text(f'[storage]\nurl = "{bucket.as_uri()}"\n[log]\ndirs = ["{tmp_path / "logs"}"]'
+                      f'\n[cache]\ndir = "{tmp_path / "cache"}"\n')
+    (tmp_path / "logs").mkdir()
+    store = FileStore(StoreSettings(url=bucket.as_uri()))
+    objects = sorted((keys.parse_segment_name(i.key.rsplit("/", 1)[1]), i.key)
+                     for i in store.list("") if i.key.endswith(".log"))
+    key = objects[len(objects) // 2][1]
+    data = bytearray((bucket / key).read_bytes())
+    headers = list(iter_batch_headers(bytes(data)))
+    victim = headers[len(headers) // 2]
+    assert victim.position > 0
+    data[victim.position + 70] ^= 0xFF
+    (bucket / key).write_bytes(bytes(data))
+    served = fetch(config, "--partition", "0", "--offset", "0", "--max-bytes", str(10**9),
+                   "--format", "raw")
+    assert served.exit_code == 0, served.stderr
+    assert served.stdout_bytes == b"".join(d for b, _, d in image.batches
+                                           if b < victim.base_offset)
+    failed = fetch(config, "--partition", "0", "--offset", str(victim.base_offset))
+    assert failed.exit_code == 3
+    assert f"{key}, byte {victim.position}" in failed.stderr

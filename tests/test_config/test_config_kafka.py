@@ -133,3 +133,23 @@ def test_group_offset_limit_problems_name_the_key(tmp_path: Path, kafka: Any, ke
         _config(tmp_path, {"listen": "9092", **kafka})
     assert any(f"[kafka] {key}" in p and problem in p for p in err.value.problems), \
         err.value.problems
+
+
+def test_fetch_budget_keys(tmp_path: Path) -> None:
+    """`fetch_max_bytes` (Kafka's fetch.max.bytes, 55 MiB) and `max_partitions_per_fetch`
+    (1000) with their defaults, units, and problems named by key."""
+    k = _config(tmp_path, {"listen": "9092"}).kafka
+    assert (k.fetch_max_bytes, k.max_partitions_per_fetch) == (55 << 20, 1000)
+    k = _config(tmp_path, {"listen": "9092", "fetch_max_bytes": "4 MiB",
+                           "max_partitions_per_fetch": 50}).kafka
+    assert (k.fetch_max_bytes, k.max_partitions_per_fetch) == (4 << 20, 50)
+    for bad, key, problem in [
+        ({"fetch_max_bytes": 0}, "fetch_max_bytes", "at least 1"),
+        ({"fetch_max_bytes": "lots"}, "fetch_max_bytes", "lots"),
+        ({"max_partitions_per_fetch": 0}, "max_partitions_per_fetch", "at least 1"),
+        ({"max_partitions_per_fetch": "all"}, "max_partitions_per_fetch", "expected an integer"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            _config(tmp_path, {"listen": "9092", **bad})
+        assert any(f"[kafka] {key}" in p and problem in p for p in err.value.problems), (
+            err.value.problems)

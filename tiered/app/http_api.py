@@ -27,7 +27,9 @@
   - 416 OFFSET_OUT_OF_RANGE: the offset is below the log start or at / past its end (also when
     the data is only in the bucket and remote read is off); the body adds `log_start_offset`
     and `log_end_offset` when they are known;
-  - 500 CORRUPT_MESSAGE: stored bytes failed their checksum (reported, never served);
+  - 500 CORRUPT_MESSAGE: the fetch starts at stored bytes that failed their checksum
+    (reported, never served); the body adds `path` (the file or object key) and `position`
+    (its byte). A fetch whose range only reaches damage answers the intact batches before it;
   - 503 KAFKA_STORAGE_ERROR: the object store or the cache failed; retry later;
   - 500 UNKNOWN_SERVER_ERROR: a bug, logged with its traceback; other requests go on.
 
@@ -272,7 +274,7 @@ def handle_records(
         return _error(416, "OFFSET_OUT_OF_RANGE", str(exc), **_bounds(reader, topic, partition))
     except CorruptSegmentError as exc:
         log.error("%s-%d: refusing corrupt data: %s", topic, partition, exc)
-        return _error(500, "CORRUPT_MESSAGE", str(exc))
+        return _error(500, "CORRUPT_MESSAGE", str(exc), path=exc.path, position=exc.position)
     except TieredError as exc:
         log.warning("%s-%d: read failed: %s", topic, partition, exc)
         return _error(503, "KAFKA_STORAGE_ERROR", str(exc))

@@ -17,6 +17,8 @@
     offsets_retention_check_interval_ms = "10m"
     max_groups = 10000
     max_offsets_per_group = 1000
+    fetch_max_bytes = "55 MiB"      # one Fetch answer at most (Kafka's fetch.max.bytes)
+    max_partitions_per_fetch = 1000 # partitions one Fetch reads; the rest wait their turn
 
 Pure parsing: every problem is reported through `add(where, message)`, naming the key. Whether
 the certificate files load is checked when the daemon starts (`tiered.app.kafka_api.server`).
@@ -84,6 +86,11 @@ class KafkaConfig:
     max_groups: int = 10_000
     #: partitions one group may hold committed offsets for
     max_offsets_per_group: int = 1000
+    #: one Fetch answer's records at most, whatever the request's max_bytes (Kafka's broker
+    #: fetch.max.bytes); the first batch of the first partition with data comes regardless
+    fetch_max_bytes: int = 57_671_680
+    #: distinct partitions one Fetch reads; those past it get no data that time
+    max_partitions_per_fetch: int = 1000
 
     @property
     def tls(self) -> bool:
@@ -103,6 +110,8 @@ _NUMBERS: dict[str, tuple[Callable[[object], int], int]] = {
     "offsets_retention_check_interval_ms": (parse_duration_ms, 1000),
     "max_groups": (parse_int, 1),
     "max_offsets_per_group": (parse_int, 1),
+    "fetch_max_bytes": (parse_size, 1),
+    "max_partitions_per_fetch": (parse_int, 1),
 }
 #: largest values of the keys that have one
 _HIGHEST = {"offset_metadata_max_bytes": 1 << 20}

@@ -312,6 +312,8 @@ def _kafka_effective(k: KafkaConfig) -> dict[str, Any]:
         "offsets_retention_check_interval_ms": k.offsets_retention_check_interval_ms,
         "max_groups": k.max_groups,
         "max_offsets_per_group": k.max_offsets_per_group,
+        "fetch_max_bytes": k.fetch_max_bytes,
+        "max_partitions_per_fetch": k.max_partitions_per_fetch,
     }
 
 

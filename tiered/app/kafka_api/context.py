@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tiered.app.kafka_api.catalog import Catalog
     from tiered.app.kafka_api.groups import GroupCoordinator
 
-__all__ = ["Connection", "Node", "READ_ONLY", "Services", "error_code_of"]
+__all__ = ["Connection", "FetchLimits", "Node", "READ_ONLY", "Services", "error_code_of"]
 
 log = logging.getLogger("tiered.app.kafka_api")
 
@@ -39,6 +39,18 @@ class Node:
     port: int
 
 
+@dataclass(frozen=True)
+class FetchLimits:
+    """What one Fetch may cost (docs/kafka-api.md, "Limits and security")."""
+
+    #: record bytes in one answer (`[kafka] fetch_max_bytes`)
+    max_bytes: int = 57_671_680
+    #: distinct partitions read by one request (`[kafka] max_partitions_per_fetch`)
+    max_partitions: int = 1000
+    #: chunk files of the read cache one answer holds open until it is sent
+    max_chunk_files: int = 128
+
+
 @dataclass
 class Services:
     """Shared by every connection's thread; each part is thread-safe."""
@@ -52,6 +64,7 @@ class Services:
     stopping: threading.Event = field(default_factory=threading.Event)
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
+    fetch_limits: FetchLimits = field(default_factory=FetchLimits)
 
 
 @dataclass
@@ -62,6 +75,8 @@ class Connection:
     peer_host: str
     #: consumer sessions of the read cache this connection opened (closed with it)
     sessions: set[Hashable] = field(default_factory=set)
+    #: where the next Fetch naming more partitions than it may read starts reading them
+    fetch_cursor: int = 0
 
     def session(self, topic: str, partition: int) -> Hashable:
         """The read-cache session of this connection's reads of one partition: a Kafka

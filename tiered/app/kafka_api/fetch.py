@@ -3,10 +3,19 @@
 
 Per request, as Kafka's broker:
 
+* a partition named twice is answered once, where it was first named, with the fetch offset
+  and byte limit it was last named with (Kafka's broker keeps a request's partitions in an
+  insertion-ordered map);
 * partitions are read in the order asked, each up to its `partition_max_bytes`, the whole
-  response up to `max_bytes`; the first batch of the first partition with data comes whatever
-  its size (KIP-74), and a later partition whose first batch does not fit what is left sends
-  nothing this time;
+  response up to `max_bytes` capped by `[kafka] fetch_max_bytes` (the broker's
+  fetch.max.bytes); the first batch of the first partition with data comes whatever its size
+  (KIP-74), and a later partition whose first batch does not fit what is left sends nothing
+  this time;
+* one request reads at most `[kafka] max_partitions_per_fetch` partitions and holds at most
+  `FetchLimits.max_chunk_files` chunk files of the read cache; the partitions past those
+  bounds are answered without data or offsets (-1, "unknown", as Kafka's own error answers
+  carry), and the connection's next request starts reading where this one stopped, so a
+  client naming more partitions than the bound gets every one in turn;
 * a fetch at the high watermark is no error: it waits, up to `max_wait`, until at least
   `min_bytes` are there (polled every `POLL_S`), then answers with what there is;
 * `read_committed` (isolation level 1) adds the aborted transactions overlapping the batches
@@ -24,15 +33,15 @@ from __future__ import annotations
 import datetime
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from cache.pieces import FilePiece, Pieces
-from cache.reader import FetchedPieces
-from tiered.app.kafka_api.context import Connection, Services, error_code_of
+from cache.reader import FetchedPieces, InvalidRequest, UnknownPartition
+from tiered.app.kafka_api.context import Connection, FetchLimits, Services, error_code_of
 from tiered.app.kafka_api.messages import build, nested, response_class
 from tiered.app.kafka_api.wire import Reply, Request, new_marker
 from tiered.errors import OffsetOutOfRange, TieredError
@@ -58,14 +67,29 @@ _ATTRIBUTES = struct.Struct(">h")
 
 @dataclass
 class _Partition:
-    """One partition's part of the answer."""
+    """One distinct partition of the request, and its part of the answer."""
 
+    #: where the answer lists it: the topic as the request named it (name, or id from v13)
+    topic_key: Any
+    topic: Any
+    name: str | None
     index: int
+    fetch_offset: int
+    max_bytes: int
+    #: read this time (within the request's partition bound)
+    read: bool = True
     error: ErrorCode = ErrorCode.none
     high_watermark: int = -1
     log_start_offset: int = -1
     aborted: tuple[tuple[int, int], ...] | None = None
     pieces: Pieces | None = None
+
+    def reset(self) -> None:
+        """Back to unanswered, its pieces closed (before reading again)."""
+        if self.pieces is not None:
+            self.pieces.close()
+        self.pieces, self.aborted = None, None
+        self.error, self.high_watermark, self.log_start_offset = ErrorCode.none, -1, -1
 
 
 def handle_fetch(svc: Services, conn: Connection, req: Request) -> Reply:
@@ -75,62 +99,97 @@ def handle_fetch(svc: Services, conn: Connection, req: Request) -> Reply:
         return Reply.of(req.correlation_id, build(
             cls, throttle_time=datetime.timedelta(0),
             error_code=ErrorCode.fetch_session_id_not_found, session_id=0, responses=()))
-    names = [_name_of(svc, t, v) for t in body.topics]
+    limits = svc.fetch_limits
+    answer = _distinct(svc, body, v)
+    _bound(conn, answer, limits.max_partitions)
     read_committed = body.isolation_level == READ_COMMITTED
     wait_s = min(body.max_wait.total_seconds(), MAX_WAIT_S)
     deadline = svc.clock() + max(0.0, wait_s)
-    while True:
-        answer = [[_Partition(p.partition) for p in t.partitions] for t in body.topics]
-        total, errors = _read_all(svc, conn, body, names, answer, read_committed)
-        if (total >= body.min_bytes or errors or svc.clock() >= deadline
-                or svc.stopping.is_set()):
-            break
-        _close(answer)  # nothing worth sending yet: wait at the log end and read again
-        svc.stopping.wait(min(POLL_S, max(0.0, deadline - svc.clock())))
     try:
-        return _reply(req, cls, body, names, answer)
+        while True:
+            total, errors = _read_all(svc, conn, body, limits, answer, read_committed)
+            if (total >= body.min_bytes or errors or svc.clock() >= deadline
+                    or svc.stopping.is_set()):
+                break
+            _close(answer)  # nothing worth sending yet: wait at the log end and read again
+            svc.stopping.wait(min(POLL_S, max(0.0, deadline - svc.clock())))
+        return _reply(req, cls, answer)
     except BaseException:
         _close(answer)
         raise
 
 
-def _name_of(svc: Services, topic: Any, version: int) -> str | None:
-    if version >= 13:
-        return svc.catalog.name_of(topic.topic_id)
-    return str(topic.topic)
-
-
-def _read_all(svc: Services, conn: Connection, body: Any, names: list[str | None],
-              answer: list[list[_Partition]], read_committed: bool) -> tuple[int, bool]:
-    """Fill `answer`; returns the bytes read and whether some partition has an error."""
-    budget = max(0, body.max_bytes)
-    total, errors, first = 0, False, True
-    for t, name, parts in zip(body.topics, names, answer, strict=True):
-        for p, out in zip(t.partitions, parts, strict=True):
-            if name is None:
-                out.error, errors = ErrorCode.unknown_topic_id, True
+def _distinct(svc: Services, body: Any, version: int) -> list[_Partition]:
+    """The request's partitions, each once: where it was first named, with what it was last
+    named with (a broker's insertion-ordered map of the request's partitions)."""
+    seen: dict[tuple[Any, int], _Partition] = {}
+    names: dict[Any, str | None] = {}
+    for t in body.topics:
+        key = t.topic_id if version >= 13 else str(t.topic)
+        if key not in names:
+            names[key] = svc.catalog.name_of(t.topic_id) if version >= 13 else key
+        for p in t.partitions:
+            old = seen.get((key, p.partition))
+            if old is not None:
+                old.fetch_offset, old.max_bytes = p.fetch_offset, p.partition_max_bytes
                 continue
-            limit = min(max(0, p.partition_max_bytes), budget - total)
-            _read_one(svc, conn, name, p.fetch_offset, limit, first, read_committed, out)
-            if out.error is not ErrorCode.none:
-                errors = True
-            elif out.pieces is not None:
-                total += out.pieces.size
-                first = False
+            seen[(key, p.partition)] = _Partition(key, t, names[key], p.partition,
+                                                  p.fetch_offset, p.partition_max_bytes)
+    return list(seen.values())
+
+
+def _bound(conn: Connection, answer: list[_Partition], most: int) -> None:
+    """Read at most `most` of the partitions, starting where the connection's previous
+    request stopped: each gets its turn however many a client names."""
+    if len(answer) <= most:
+        conn.fetch_cursor = 0
+        return
+    start = conn.fetch_cursor % len(answer)
+    chosen = {(start + i) % len(answer) for i in range(most)}
+    for i, out in enumerate(answer):
+        out.read = i in chosen
+    conn.fetch_cursor = (start + most) % len(answer)
+
+
+def _read_all(svc: Services, conn: Connection, body: Any, limits: FetchLimits,
+              answer: list[_Partition], read_committed: bool) -> tuple[int, bool]:
+    """Fill `answer`; returns the bytes read and whether some partition has an error."""
+    budget = min(max(0, body.max_bytes), limits.max_bytes)
+    total, files, errors, first = 0, 0, False, True
+    for out in answer:
+        if not out.read:
+            continue
+        if out.name is None:
+            out.error, errors = ErrorCode.unknown_topic_id, True
+            continue
+        limit = min(max(0, out.max_bytes), budget - total)
+        if files >= limits.max_chunk_files:
+            limit, first = 0, False  # no chunk file left to read through: offsets only
+        _read_one(svc, conn, out.name, out.fetch_offset, limit, first, read_committed, out,
+                  limits.max_chunk_files - files)
+        if out.error is not ErrorCode.none:
+            errors = True
+        elif out.pieces is not None:
+            total += out.pieces.size
+            files += out.pieces.files
+            first = False
     return total, errors
 
 
 def _read_one(svc: Services, conn: Connection, topic: str, offset: int, limit: int,
-              first: bool, read_committed: bool, out: _Partition) -> None:
+              first: bool, read_committed: bool, out: _Partition, max_files: int) -> None:
     reader = svc.reader
     where = f"{topic}-{out.index}"
     got: FetchedPieces | None = None
+    known = len(conn.sessions)
+    session: Hashable | None = None
     try:
         if limit <= 0 and not first:
             _bounds(svc, topic, out)
             return
-        got = reader.fetch_pieces(topic, out.index, offset, limit,
-                                  reader_id=conn.session(topic, out.index))
+        session = conn.session(topic, out.index)
+        got = reader.fetch_pieces(topic, out.index, offset, limit, reader_id=session,
+                                  max_files=max(1, max_files))
     except OffsetOutOfRange as exc:
         _bounds(svc, topic, out)
         if out.error is ErrorCode.none and offset != out.high_watermark:
@@ -138,6 +197,10 @@ def _read_one(svc: Services, conn: Connection, topic: str, offset: int, limit: i
         return
     except TieredError as exc:
         out.error = error_code_of(exc, where)
+        if isinstance(exc, (UnknownPartition, InvalidRequest)) and len(conn.sessions) > known:
+            # named by the client, never read: a connection naming ever new partitions that
+            # do not exist must not grow its session set
+            conn.sessions.discard(session)
         return
     out.high_watermark = got.high_watermark if got.high_watermark is not None else -1
     out.log_start_offset = got.log_start_offset if got.log_start_offset is not None else -1
@@ -190,41 +253,44 @@ def _attributes(pieces: Pieces) -> Iterator[int]:
                 pos += LOG_OVERHEAD + _LENGTH.unpack_from(part, pos + LENGTH_OFFSET)[0]
 
 
-def _reply(req: Request, cls: type[Any], body: Any, names: list[str | None],
-           answer: list[list[_Partition]]) -> Reply:
+def _reply(req: Request, cls: type[Any], answer: list[_Partition]) -> Reply:
+    """The answer: one entry per distinct partition, consecutive partitions of one topic
+    under one topic entry (as Kafka's FetchResponse groups them)."""
     v = req.api_version
     topic_cls = nested(cls, "FetchableTopicResponse")
     part_cls = nested(cls, "PartitionData")
     aborted_cls = nested(cls, "AbortedTransaction")
     records: dict[bytes, Pieces] = {}
-    topics = []
-    for t, name, parts in zip(body.topics, names, answer, strict=True):
-        entries = []
-        for out in parts:
-            data: bytes = b""
-            if out.pieces is not None and out.pieces.size:
-                data = new_marker()
-                records[data] = out.pieces
-            elif out.pieces is not None:
-                out.pieces.close()
-            aborted = None if out.aborted is None else tuple(
-                build(aborted_cls, producer_id=pid, first_offset=first)
-                for pid, first in out.aborted)
-            entries.append(build(
-                part_cls, partition_index=out.index, error_code=out.error,
-                high_watermark=out.high_watermark, last_stable_offset=out.high_watermark,
-                log_start_offset=out.log_start_offset, aborted_transactions=aborted,
-                preferred_read_replica=-1, records=data))
-        ident = {"topic_id": t.topic_id} if v >= 13 else {"topic": name}
-        topics.append(build(topic_cls, partitions=tuple(entries), **ident))
+    groups: list[tuple[_Partition, list[Any]]] = []
+    for out in answer:
+        data: bytes = b""
+        if out.pieces is not None and out.pieces.size:
+            data = new_marker()
+            records[data] = out.pieces
+        aborted = None if out.aborted is None else tuple(
+            build(aborted_cls, producer_id=pid, first_offset=first)
+            for pid, first in out.aborted)
+        entry = build(
+            part_cls, partition_index=out.index, error_code=out.error,
+            high_watermark=out.high_watermark, last_stable_offset=out.high_watermark,
+            log_start_offset=out.log_start_offset, aborted_transactions=aborted,
+            preferred_read_replica=-1, records=data)
+        if not groups or groups[-1][0].topic_key != out.topic_key:
+            groups.append((out, []))
+        groups[-1][1].append(entry)
+    topics = tuple(
+        build(topic_cls, partitions=tuple(entries),
+              **({"topic_id": head.topic.topic_id} if v >= 13 else {"topic": head.name}))
+        for head, entries in groups)
     entity = build(cls, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
-                   session_id=0, responses=tuple(topics))
-    return Reply.spliced(req.correlation_id, entity, records, req.flexible)
+                   session_id=0, responses=topics)
+    reply = Reply.spliced(req.correlation_id, entity, records, req.flexible)
+    for out in answer:  # empty pieces the reply does not carry
+        if out.pieces is not None and not out.pieces.size:
+            out.pieces.close()
+    return reply
 
 
-def _close(answer: list[list[_Partition]]) -> None:
-    for parts in answer:
-        for out in parts:
-            if out.pieces is not None:
-                out.pieces.close()
-                out.pieces = None
+def _close(answer: list[_Partition]) -> None:
+    for out in answer:
+        out.reset()

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from tiered.app.kafka_api.apis import API_VERSIONS, APIS, unsupported_api_versions
 from tiered.app.kafka_api.catalog import Catalog
-from tiered.app.kafka_api.context import Connection, Node, Services
+from tiered.app.kafka_api.context import Connection, FetchLimits, Node, Services
 from tiered.app.kafka_api.coordinator import GroupSettings
 from tiered.app.kafka_api.groups import GroupCoordinator, OffsetLimits
 from tiered.app.kafka_api.ratelog import OncePerKey
@@ -156,7 +156,8 @@ class KafkaServer:
         host, port = self.advertised
         self.services = Services(
             reader, Catalog(reader, clock=self._clock), groups, Node(NODE_ID, host, port),
-            topic_id_to_str(uuid.uuid5(_CLUSTER_NAMESPACE, bucket_url)), clock=self._clock)
+            topic_id_to_str(uuid.uuid5(_CLUSTER_NAMESPACE, bucket_url)), clock=self._clock,
+            fetch_limits=FetchLimits(c.fetch_max_bytes, c.max_partitions_per_fetch))
         groups.start()
         self._accepting = threading.Thread(target=self._accept_loop, name="tiered-kafka",
                                            daemon=True)

@@ -17,6 +17,10 @@ from typing import TypeVar
 
 import tenacity
 
+from manifests.errors import ManifestError
+from tiered.store.base import ObjectStore
+from tiered.store.errors import PreconditionFailed
+
 T = TypeVar("T")
 
 #: first backoff ceiling and the largest one, seconds (each wait is uniform in [0, ceiling])
@@ -47,4 +51,25 @@ def retry_conflicts(
     return retrying(attempt)
 
 
-__all__ = ["FIRST_WAIT_S", "MAX_WAIT_S", "retry_conflicts"]
+def put_on_version(store: ObjectStore, key: str, data: bytes, etag: str | None) -> str:
+    """The one conditional write: create `key` only if it is absent (`etag` None: the read
+    found nothing), else replace exactly the version `etag` names. Returns the new ETag;
+    `PreconditionFailed` when another writer got there first."""
+    if etag is None:
+        return store.put(key, data, if_none_match=True)
+    return store.put(key, data, if_match=etag)
+
+
+def swap(attempt: Callable[[], T], *, key: str, what: str, deadline_s: float,
+         sleep: Callable[[float], None] = time.sleep) -> T:
+    """`retry_conflicts` on `PreconditionFailed` for the object at `key`: each `attempt`
+    reads, applies its pure change and writes with `put_on_version`. A racer that keeps
+    winning until the deadline becomes a `ManifestError` saying `what` kept changing."""
+    try:
+        return retry_conflicts(attempt, conflict=PreconditionFailed, deadline_s=deadline_s,
+                               sleep=sleep)
+    except PreconditionFailed:
+        raise ManifestError(f"{key}: {what} kept changing; try again") from None
+
+
+__all__ = ["FIRST_WAIT_S", "MAX_WAIT_S", "put_on_version", "retry_conflicts", "swap"]

@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from manifests import keys
-from manifests.cas import retry_conflicts
+from manifests.cas import put_on_version, swap
 from manifests.errors import CorruptManifest, InvalidName, ManifestError
 from manifests.serde import load_document
 from tiered.store.base import ObjectInfo, ObjectStore
@@ -213,10 +213,7 @@ def commit_within_limits(
                                     "groups as it may")
         updated = current.with_commits(accepted)
         data = encode_group_offsets(updated)
-        if etag is None:
-            store.put(updated.key, data, if_none_match=True)
-        else:
-            store.put(updated.key, data, if_match=etag)
+        put_on_version(store, updated.key, data, etag)
         return updated, refused
 
     return _cas(group, attempt, "committed", deadline_s)
@@ -242,11 +239,8 @@ def _fit(current: GroupOffsets, commits: Mapping[TopicPartitionKey, CommittedOff
 
 
 def _cas(group: str, attempt: Callable[[], Any], what: str, deadline_s: float) -> Any:
-    try:
-        return retry_conflicts(attempt, conflict=PreconditionFailed, deadline_s=deadline_s)
-    except PreconditionFailed:
-        raise ManifestError(f"{keys.group_offsets_key(group)}: the group's offsets kept changing "
-                            f"while being {what}; try again") from None
+    return swap(attempt, key=keys.group_offsets_key(group),
+                what=f"the group's offsets (being {what})", deadline_s=deadline_s)
 
 
 def _drop(store: ObjectStore, current: GroupOffsets, etag: str,

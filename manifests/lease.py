@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from manifests import keys
+from manifests.cas import put_on_version
 from manifests.errors import CorruptManifest, InvalidName, ManifestError
 from manifests.model import FORMAT_VERSION
 from manifests.serde import load_document
@@ -160,10 +161,7 @@ def read_lease(store: ObjectStore, pid: PartitionId) -> tuple[Lease | None, str 
 def write_lease(store: ObjectStore, lease: Lease, expected_etag: str | None) -> str:
     """Replace the version `expected_etag` of the lease (None: create it, only if absent) and
     return the new ETag. Raises `PreconditionFailed` when another writer changed it first."""
-    data = encode_lease(lease)
-    if expected_etag is None:
-        return store.put(lease.partition.lease_key, data, if_none_match=True)
-    return store.put(lease.partition.lease_key, data, if_match=expected_etag)
+    return put_on_version(store, lease.partition.lease_key, encode_lease(lease), expected_etag)
 
 
 # -- node records --------------------------------------------------------------------------------

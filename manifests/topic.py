@@ -16,12 +16,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from manifests import keys
-from manifests.cas import retry_conflicts
+from manifests.cas import put_on_version, swap
 from manifests.errors import CorruptManifest, InvalidName, InvalidUpdate, ManifestError
 from manifests.model import FORMAT_VERSION
 from manifests.serde import load_document
 from tiered.store.base import ObjectStore
-from tiered.store.errors import ObjectNotFound, PreconditionFailed
+from tiered.store.errors import ObjectNotFound
 
 if TYPE_CHECKING:
     from tiered.config import TopicConfig
@@ -203,7 +203,7 @@ def save_topic_manifest(store: ObjectStore, manifest: TopicManifest) -> str:
     def attempt() -> str:
         got = _read(store, key)
         if got is None:
-            return store.put(key, encode_topic_manifest(manifest), if_none_match=True)
+            return put_on_version(store, key, encode_topic_manifest(manifest), None)
         try:
             stored = decode_topic_manifest(got[0], key=key).partition_count
         except ManifestError:
@@ -212,13 +212,9 @@ def save_topic_manifest(store: ObjectStore, manifest: TopicManifest) -> str:
             manifest, partition_count=max(manifest.partition_count, stored)))
         if got[0] == data:
             return got[1]
-        return store.put(key, data, if_match=got[1])
+        return put_on_version(store, key, data, got[1])
 
-    try:
-        return retry_conflicts(attempt, conflict=PreconditionFailed, deadline_s=SAVE_DEADLINE_S)
-    except PreconditionFailed:
-        raise ManifestError(
-            f"{key}: topic manifest kept changing while being saved; try again") from None
+    return swap(attempt, key=key, what="the topic manifest", deadline_s=SAVE_DEADLINE_S)
 
 
 def iter_topic_manifest_keys(store: ObjectStore) -> Iterator[tuple[str, str, str]]:

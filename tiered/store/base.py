@@ -150,6 +150,12 @@ class ObjectStore(abc.ABC):
     def __init__(self, settings: StoreSettings) -> None:
         self.settings = settings
 
+    @staticmethod
+    def check_conditions(if_none_match: bool, if_match: str | None) -> None:
+        """The argument rule every backend's `put` applies first: one condition at most."""
+        if if_none_match and if_match is not None:
+            raise ValueError("put: if_none_match and if_match are mutually exclusive")
+
     @abc.abstractmethod
     def put(
         self,

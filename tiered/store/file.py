@@ -221,8 +221,7 @@ class FileStore(ObjectStore):
         if_none_match: bool = False,
         if_match: str | None = None,
     ) -> str:
-        if if_none_match and if_match is not None:
-            raise ValueError("put: if_none_match and if_match are mutually exclusive")
+        self.check_conditions(if_none_match, if_match)
 
         def fill(f: IO[bytes]) -> str:
             f.write(data)

@@ -292,8 +292,7 @@ class S3Store(ObjectStore):
         if_none_match: bool = False,
         if_match: str | None = None,
     ) -> str:
-        if if_none_match and if_match is not None:
-            raise ValueError("put: if_none_match and if_match are mutually exclusive")
+        self.check_conditions(if_none_match, if_match)
         full = self._full(key)
         conditional = if_none_match or if_match is not None
         if conditional and self._conditions_rejected:

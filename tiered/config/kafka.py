@@ -12,6 +12,8 @@
     group_initial_rebalance_delay_ms = 3000
     group_min_session_timeout_ms = 6000
     group_max_session_timeout_ms = "30m"
+    request_timeout_ms = "30s"      # a request must be whole this long after its first byte
+    max_connections_per_ip = 100    # default 2147483647 (Kafka's): max_connections alone
 
 Pure parsing: every problem is reported through `add(where, message)`, naming the key. Whether
 the certificate files load is checked when the daemon starts (`tiered.app.kafka_api.server`).
@@ -67,6 +69,12 @@ class KafkaConfig:
     #: the session timeouts a joining member may ask for (Kafka's group.*.session.timeout.ms)
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
+    # -- deadlines and per-address limit (tiered.app.serving)
+    #: a request must be whole within this long of its first byte, however it trickles in
+    request_timeout_ms: int = 30_000
+    #: connections from one address; Kafka's max.connections.per.ip default: no limit but
+    #: max_connections (on loopback every client is 127.0.0.1)
+    max_connections_per_ip: int = 2**31 - 1
 
     @property
     def tls(self) -> bool:
@@ -81,6 +89,8 @@ _NUMBERS: dict[str, tuple[Callable[[object], int], int]] = {
     "group_initial_rebalance_delay_ms": (parse_duration_ms, 0),
     "group_min_session_timeout_ms": (parse_duration_ms, 1),
     "group_max_session_timeout_ms": (parse_duration_ms, 1),
+    "request_timeout_ms": (parse_duration_ms, 1000),
+    "max_connections_per_ip": (parse_int, 1),
 }
 KAFKA_KEYS: tuple[str, ...] = ("listen", "advertised", "tls_cert", "tls_key", *_NUMBERS)
 

@@ -183,14 +183,17 @@ class ConnectionServer:
         running (and cut). Idempotent."""
         with self._lock:
             self._stopping = True
-            for client, _thread in self._clients.values():
-                if client.state in (State.IDLE, State.READING):
-                    self._cut(client, "the server stops")
         self._stopped.set()
+        with contextlib.suppress(OSError):  # wakes the accept loop; new connections are refused
+            self._sock.shutdown(socket.SHUT_RDWR)
         for thread in self._threads:
             thread.join()
         self._threads = []
         self._sock.close()
+        with self._lock:
+            for client, _thread in self._clients.values():
+                if client.state in (State.IDLE, State.READING):
+                    self._cut(client, "the server stops")
         with self._changed:
             self._changed.wait_for(lambda: not self._clients, self.limits.drain_s)
             left = list(self._clients.values())

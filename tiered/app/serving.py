@@ -139,6 +139,9 @@ class ConnectionServer:
             (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
             backlog=128)
         self._sock.settimeout(0.5)  # the accept loop looks at the stop flag this often
+        host, port = self._sock.getsockname()[:2]
+        #: where it listens (the bound port when asked for 0), known after stop too
+        self.address: tuple[str, int] = (str(host), int(port))
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._clients: dict[int, tuple[Client, threading.Thread]] = {}
@@ -148,11 +151,6 @@ class ConnectionServer:
         self._threads: list[threading.Thread] = []
         self._noticed: dict[str, float] = {}
         self._counts: Counter[str] = Counter()
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self._sock.getsockname()[:2]
-        return str(host), int(port)
 
     @property
     def stopping(self) -> bool:

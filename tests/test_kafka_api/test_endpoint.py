@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import select
 import socket
 import subprocess
 import time
@@ -117,6 +118,40 @@ def test_tls_serves_every_client(history: History, tmp_path: Path, kcat: str) ->
         plain.send_frame(b"\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00")
         assert plain.closed_by_server()
         plain.close()
+
+
+def test_a_stalled_tls_handshake_is_cut_at_the_request_deadline(history: History,
+                                                               tmp_path: Path) -> None:
+    """A handshake is a request: a client that opens a TLS connection and trickles its
+    ClientHello is closed within request_timeout_ms, though each byte comes long before the
+    socket timeout; a real TLS client is served meanwhile."""
+    cert, key = _self_signed(tmp_path)
+    config = history.config(kafka={"tls_cert": str(cert), "tls_key": str(key),
+                                   "request_timeout_ms": 1000}, cache="cache-tls-stall")
+    with running(config) as daemon:
+        assert daemon.kafka is not None
+        stalled = socket.create_connection(("127.0.0.1", daemon.kafka.port), timeout=30)
+        # a TLS record of 512 bytes: a ClientHello of 508 (TLS 1.2), its random bytes, ...
+        hello = b"\x16\x03\x01\x02\x00" + b"\x01\x00\x01\xfc\x03\x03" + bytes(506)
+        sent = 0
+        try:
+            while sent < len(hello):
+                readable, _, _ = select.select([stalled], [], [], 0.1)
+                if readable and stalled.recv(1) == b"":
+                    break
+                stalled.sendall(hello[sent:sent + 1])
+                sent += 1
+        except OSError:
+            pass
+        finally:
+            stalled.close()
+        assert sent < len(hello)  # closed mid-handshake
+        consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap(daemon),
+                                       security_protocol="SSL", ssl_cafile=str(cert))
+        try:
+            assert TOPIC in consumer.topics()
+        finally:
+            consumer.close()
 
 
 def test_at_the_limit_the_connection_idle_the_longest_makes_room(history: History) -> None:

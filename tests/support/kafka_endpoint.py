@@ -319,8 +319,10 @@ class RawClient:
     """Requests encoded with kio over a plain socket: for what a client library hides (byte
     budgets, exact record bytes, malformed frames)."""
 
-    def __init__(self, port: int, timeout: float = 30.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 30.0, *, source: str | None = None) -> None:
+        self.sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=timeout,
+            source_address=None if source is None else (source, 0))
         self._next = 1
 
     def request(self, entity: Any, *, version_header: bool = True) -> Any:

@@ -4,6 +4,7 @@ server that serves them and routes other paths (real HTTP on 127.0.0.1, ephemera
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import socket
@@ -20,7 +21,7 @@ from archiver.service import ArchiverStats
 from cache.mapped import MappedFile
 from cache.pieces import FilePiece, Pieces
 from tiered.app.health import Health, JobCounters
-from tiered.app.http_server import MetricsServer, Response
+from tiered.app.http_server import HttpServer, Response
 from tiered.app.metrics import (
     ARCHIVER_METRICS,
     CACHE_METRICS,
@@ -72,14 +73,14 @@ def _get(url: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def server() -> Iterator[MetricsServer]:
+def server() -> Iterator[HttpServer]:
     stats = _stats()
     registry = make_registry(
         ArchiverCollector(lambda: stats),
         JobsCollector(lambda: {"upload": JobCounters(4, 1, 1700000000.0)}, lambda: True),
     )
     health = Health(503, {"status": "unavailable", "reason": "store down"})
-    with MetricsServer("127.0.0.1", 0, registry, lambda: health) as srv:
+    with HttpServer("127.0.0.1", 0, registry, lambda: health) as srv:
         yield srv
 
 
@@ -181,7 +182,7 @@ def test_store_up_unknown_is_not_exported() -> None:
     assert "tiered_store_up" not in text
 
 
-def test_http_metrics_endpoint(server: MetricsServer) -> None:
+def test_http_metrics_endpoint(server: HttpServer) -> None:
     status, content_type, body = _get(server.url + "/metrics")
     assert status == 200
     assert content_type.startswith("text/plain")
@@ -190,7 +191,7 @@ def test_http_metrics_endpoint(server: MetricsServer) -> None:
     assert samples[("tiered_daemon_job_runs_total", (("job", "upload"),))] == 4
 
 
-def test_http_openmetrics_on_request(server: MetricsServer) -> None:
+def test_http_openmetrics_on_request(server: HttpServer) -> None:
     request = urllib.request.Request(
         server.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
     )
@@ -199,14 +200,14 @@ def test_http_openmetrics_on_request(server: MetricsServer) -> None:
         assert response.read().decode().rstrip().endswith("# EOF")
 
 
-def test_http_health_passes_status_and_json_through(server: MetricsServer) -> None:
+def test_http_health_passes_status_and_json_through(server: HttpServer) -> None:
     status, content_type, body = _get(server.url + "/health")
     assert status == 503
     assert content_type == "application/json"
     assert json.loads(body) == {"status": "unavailable", "reason": "store down"}
 
 
-def test_http_unknown_path_is_404(server: MetricsServer) -> None:
+def test_http_unknown_path_is_404(server: HttpServer) -> None:
     status, _, body = _get(server.url + "/nope")
     assert status == 404 and "/metrics" in body
 
@@ -215,18 +216,18 @@ def test_a_failing_health_source_answers_500_and_the_server_keeps_serving() -> N
     def broken() -> Health:
         raise RuntimeError("boom")
 
-    with MetricsServer("127.0.0.1", 0, make_registry(), broken) as srv:
+    with HttpServer("127.0.0.1", 0, make_registry(), broken) as srv:
         assert _get(srv.url + "/health")[0] == 500
         assert _get(srv.url + "/metrics")[0] == 200
 
 
 def test_port_zero_binds_an_ephemeral_port_and_stop_releases_it() -> None:
-    srv = MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}))
+    srv = HttpServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}))
     srv.start()
     port = srv.port
     assert port > 0
     srv.stop()
-    again = MetricsServer("127.0.0.1", port, make_registry(), lambda: Health(200, {}))
+    again = HttpServer("127.0.0.1", port, make_registry(), lambda: Health(200, {}))
     again.stop()  # the port was free again
 
 
@@ -318,8 +319,8 @@ def test_routes_get_method_raw_path_and_parsed_query() -> None:
         body = b"" if method == "HEAD" else b"hello"
         return 200, {"Content-Type": "text/plain", "Content-Length": "5", "X-Extra": "1"}, body
 
-    with MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
-                       {"/v1/": route}) as srv:
+    with HttpServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                    {"/v1/": route}) as srv:
         status, headers, body = _request(srv.url + "/v1/topics/a%2Fb/x?offset=3&max_bytes=")
         assert (status, body, headers["X-Extra"]) == (200, b"hello", "1")
         status, headers, body = _request(srv.url + "/v1/y?offset=1&offset=2", "HEAD")
@@ -358,8 +359,8 @@ def test_a_file_body_leaves_with_its_headers_in_one_send(
         body.adopt([shared])
         return 200, {"Content-Type": "application/octet-stream"}, body
 
-    with MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
-                       {"/v1/": route}) as srv:
+    with HttpServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                    {"/v1/": route}) as srv:
         status, headers, body = _request(srv.url + "/v1/records")
     assert (status, body) == (200, data[10:50_010] + b"-")
     assert headers["Content-Length"] == "50001" and headers["Date"].endswith(" GMT")
@@ -370,8 +371,8 @@ def test_a_failing_route_answers_500_and_other_methods_on_builtin_paths_405() ->
     def route(method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
         raise RuntimeError("boom")
 
-    with MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
-                       {"/v1/": route}) as srv:
+    with HttpServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                    {"/v1/": route}) as srv:
         assert _request(srv.url + "/v1/x")[0] == 500
         status, headers, _ = _request(srv.url + "/metrics", "POST")
         assert (status, headers["Allow"]) == (405, "GET, HEAD")
@@ -388,8 +389,8 @@ def test_stop_waits_for_requests_in_flight() -> None:
         assert release.wait(30)
         return 200, {}, b"done"
 
-    srv = MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
-                        {"/slow": slow})
+    srv = HttpServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                     {"/slow": slow})
     srv.start()
     answers: list[tuple[int, dict[str, str], bytes]] = []
     client = threading.Thread(target=lambda: answers.append(_request(srv.url + "/slow")))
@@ -415,15 +416,25 @@ def test_stop_gives_up_on_a_stuck_request_after_the_drain_time(
         release.wait(30)
         return 200, {}, b""
 
-    srv = MetricsServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
-                        {"/stuck": stuck}, drain_s=0.05)
+    srv = HttpServer("127.0.0.1", 0, make_registry(), lambda: Health(200, {}),
+                     {"/stuck": stuck}, drain_s=0.05)
     srv.start()
-    client = threading.Thread(target=lambda: _request(srv.url + "/stuck"))
+    outcome: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            _request(srv.url + "/stuck")
+        except (OSError, http.client.HTTPException) as exc:
+            outcome.append(exc)
+
+    client = threading.Thread(target=ask)
     client.start()
     try:
         assert entered.wait(30)
         srv.stop()
         assert "1 request(s) still running" in caplog.text
+        client.join(30)
+        assert outcome, "the stuck request's connection was left open"  # closed, no answer
     finally:
         release.set()
         client.join(30)
@@ -433,7 +444,8 @@ def test_every_kafka_endpoint_stat_is_exported_and_none_without_an_endpoint() ->
     from prometheus_client import generate_latest
 
     stats = {"connections": 3, "connections_total": 10, "connections_refused": 2,
-             "closed_bad_requests": 1, "requests": {"Fetch": 7, "Produce": 1},
+             "connections_reclaimed": 4, "closed_slow_requests": 5, "closed_bad_requests": 1,
+             "requests": {"Fetch": 7, "Produce": 1},
              "bytes_sent": 5000, "bytes_received": 300}
     samples = _samples(generate_latest(make_registry(KafkaCollector(lambda: stats))).decode())
     assert samples[("tiered_kafka_requests_total", (("api", "Fetch"),))] == 7

@@ -28,7 +28,7 @@ from cache.reader import Reader
 from manifests import keys
 from tiered.app.health import Health
 from tiered.app.http_api import handle_records
-from tiered.app.http_server import MetricsServer
+from tiered.app.http_server import HttpServer
 from tiered.kafka.records import iter_batches
 
 
@@ -36,7 +36,7 @@ class _Server:
     """The daemon's HTTP server routing `/v1/` to `handle_records`, as the daemon does."""
 
     def __init__(self, reader: Reader) -> None:
-        self.httpd = MetricsServer(
+        self.httpd = HttpServer(
             "127.0.0.1", 0, CollectorRegistry(), lambda: Health(200, {}),
             routes={"/v1/": lambda method, path, query: handle_records(
                 reader, method, path, query)})

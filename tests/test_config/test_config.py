@@ -692,7 +692,8 @@ def test_effective_is_complete_and_json_ready(in_tmp: Path) -> None:
     config = load(BASE + '[topics."orders"]\n"retention.ms" = 1000\n')
     effective = config.effective()
     assert json.loads(json.dumps(effective)) == effective
-    assert set(effective) == {"source", "storage", "log", "cache", "node", "cluster", "topics"}
+    assert set(effective) == {"source", "storage", "log", "cache", "node", "http", "cluster",
+                              "topics"}
     assert set(effective["cluster"]) == {p.name for p in CLUSTER}
     assert set(effective["topics"]["orders"]) == {p.name for p in TOPIC}
     assert effective["topics"]["orders"]["retention.ms"] == 1000

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import select
 import socket
 import subprocess
 import time
@@ -119,33 +120,60 @@ def test_tls_serves_every_client(history: History, tmp_path: Path, kcat: str) ->
         plain.close()
 
 
-def test_connections_beyond_the_limit_are_closed_at_once(history: History) -> None:
+def test_a_stalled_tls_handshake_is_cut_at_the_request_deadline(history: History,
+                                                               tmp_path: Path) -> None:
+    """A handshake is a request: a client that opens a TLS connection and trickles its
+    ClientHello is closed within request_timeout_ms, though each byte comes long before the
+    socket timeout; a real TLS client is served meanwhile."""
+    cert, key = _self_signed(tmp_path)
+    config = history.config(kafka={"tls_cert": str(cert), "tls_key": str(key),
+                                   "request_timeout_ms": 1000}, cache="cache-tls-stall")
+    with running(config) as daemon:
+        assert daemon.kafka is not None
+        stalled = socket.create_connection(("127.0.0.1", daemon.kafka.port), timeout=30)
+        # a TLS record of 512 bytes: a ClientHello of 508 (TLS 1.2), its random bytes, ...
+        hello = b"\x16\x03\x01\x02\x00" + b"\x01\x00\x01\xfc\x03\x03" + bytes(506)
+        sent = 0
+        try:
+            while sent < len(hello):
+                readable, _, _ = select.select([stalled], [], [], 0.1)
+                if readable and stalled.recv(1) == b"":
+                    break
+                stalled.sendall(hello[sent:sent + 1])
+                sent += 1
+        except OSError:
+            pass
+        finally:
+            stalled.close()
+        assert sent < len(hello)  # closed mid-handshake
+        consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap(daemon),
+                                       security_protocol="SSL", ssl_cafile=str(cert))
+        try:
+            assert TOPIC in consumer.topics()
+        finally:
+            consumer.close()
+
+
+def test_at_the_limit_the_connection_idle_the_longest_makes_room(history: History) -> None:
+    """Beyond max_connections, the connection that waited on its client the longest is
+    closed so the newcomer is served; the others go on."""
     with running(history.config(kafka={"max_connections": 2}, cache="cache-limit")) as daemon:
         assert daemon.kafka is not None
         port = daemon.kafka.port
         first, second = RawClient(port), RawClient(port)
-        for c in (first, second):  # both served
+        for c in (first, second):  # both served, then idle: first the longest
             c.send_frame(b"\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00")
             assert c.read_frame()[:4] == b"\x00\x00\x00\x01"
         third = RawClient(port)
-        assert third.closed_by_server()
-        third.close()
-        first.close()
-        deadline = time.monotonic() + 30  # the server notices the close on its own thread
-        while True:
-            fourth = RawClient(port)
-            try:
-                fourth.send_frame(b"\x00\x12\x00\x00\x00\x00\x00\x02\x00\x00")
-                if fourth.read_frame()[:4] == b"\x00\x00\x00\x02":
-                    break
-            except ConnectionError:
-                assert time.monotonic() < deadline, "a freed slot was never reused"
-                time.sleep(0.1)
-            finally:
-                fourth.close()
-        second.close()
+        third.send_frame(b"\x00\x12\x00\x00\x00\x00\x00\x02\x00\x00")
+        assert third.read_frame()[:4] == b"\x00\x00\x00\x02"
+        assert first.closed_by_server()
+        second.send_frame(b"\x00\x12\x00\x00\x00\x00\x00\x03\x00\x00")
+        assert second.read_frame()[:4] == b"\x00\x00\x00\x03"
+        for c in (first, second, third):
+            c.close()
         stats = daemon.kafka.stats()
-        assert stats["connections_refused"] >= 1
+        assert stats["connections_reclaimed"] == 1 and stats["connections_refused"] == 0
 
 
 def test_a_history_server_serves_the_bucket_alone(history: History) -> None:

@@ -2,7 +2,7 @@
 
 The daemon composes parts that know nothing of each other: the `Archiver` (all upload,
 retention and controller logic), a `Scheduler` that calls its steps when they are due, and
-the `MetricsServer`. Four jobs run on the main thread, one at a time, in this order when
+the `HttpServer`. Four jobs run on the main thread, one at a time, in this order when
 several are due:
 
     upload           Archiver.scan + upload_round; again at once after progress (rounds are
@@ -57,7 +57,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from tiered.app.health import DaemonState, JobCounters, health_of
-from tiered.app.http_server import MetricsServer, Response
+from tiered.app.http_server import HttpServer, Response
 from tiered.app.metrics import (
     ArchiverCollector,
     JobsCollector,
@@ -72,6 +72,7 @@ from tiered.app.scheduler import (
     Waker,
     next_upload_delay,
 )
+from tiered.app.serving import Limits
 from tiered.config.units import format_size
 from tiered.errors import ConfigError, TieredError
 from tiered.store.errors import (
@@ -262,11 +263,16 @@ class Daemon:
             KafkaCollector(lambda: None if self.kafka is None else self.kafka.stats()),
         )
         try:
-            self.server = MetricsServer(
+            http = config.http
+            self.server = HttpServer(
                 self.options.metrics_host, self.options.metrics_port, registry,
                 lambda: health_of(self.state, self._clock(), cache_problem=(
                     None if self.reader is None else self.reader.cache.write_problem)),
                 routes={RECORDS_PREFIX: self._records},
+                limits=Limits(max_connections=http.max_connections,
+                              max_connections_per_ip=http.max_connections_per_ip,
+                              request_timeout_s=http.request_timeout_ms / 1000,
+                              idle_timeout_s=http.idle_timeout_ms / 1000),
             )
         except OSError as exc:
             where = f"{self.options.metrics_host}:{self.options.metrics_port}"

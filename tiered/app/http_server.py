@@ -1,22 +1,26 @@
-"""The daemon's small HTTP server: `/metrics` (Prometheus text), `/health` and routed paths
-such as the remote-read API under `/v1/`.
+"""The daemon's HTTP server: `/metrics` (Prometheus text), `/health` and routed paths such as
+the remote-read API under `/v1/`.
 
-Each request runs on its own daemon thread and only calls the source functions and routes it
-was given; those must be safe to call from many threads at once (the daemon hands in
-functions that read an immutable, already-published snapshot, and the thread-safe `Reader`).
+Each connection runs on its own thread of the server base `tiered.app.serving`, under its
+limits (`[http]`, docs/remote-read.md "HTTP endpoint"): a request's line and headers must be
+in within `request_timeout_ms` of its first byte, so a slowloris client holds only its own
+slot, and not for long. A request only calls the source functions and routes the server was
+given; those must be safe to call from many threads at once (the daemon hands in functions
+that read an immutable, already-published snapshot, and the thread-safe `Reader`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import io
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
+from typing import Any, cast
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry
@@ -24,8 +28,9 @@ from prometheus_client.exposition import choose_encoder
 
 from cache.pieces import Pieces
 from tiered.app.health import Health
+from tiered.app.serving import Client, ConnectionServer, Limits
 
-__all__ = ["MetricsServer", "Response", "Route"]
+__all__ = ["HttpServer", "Response", "Route"]
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +47,46 @@ _TEXT = "text/plain; charset=utf-8"
 _date: tuple[int, str] = (0, "")
 
 
+@dataclass(frozen=True)
+class _Sources:
+    """What requests answer from: the metrics registry, the health source and the routes."""
+
+    registry: CollectorRegistry
+    health: Callable[[], Health]
+    routes: Mapping[str, Route]
+
+
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    """One connection's requests, in turn (keep-alive), on the connection's own thread."""
+
     #: keep-alive: a consumer polling for records reuses its connection instead of paying a
     #: TCP handshake per fetch (every answer carries a Content-Length)
     protocol_version = "HTTP/1.1"
-    #: small answers go out at once instead of waiting on the client's delayed ACK
-    disable_nagle_algorithm = True
-    #: seconds a socket read or write may stall before the request is dropped, so a client
-    #: that stops reading cannot hold a request thread (and the daemon's shutdown) for ever
-    timeout = 60.0
+    #: socket timeouts follow the connection's state (`tiered.app.serving`), not one value
+    timeout = None
     #: the status line and headers `send_response` / `send_header` gathered (http.server's)
     _headers_buffer: list[bytes]
+
+    def __init__(self, client: Client, sources: _Sources) -> None:
+        self.client = client
+        self.sources = sources
+        # http.server's "server" argument is only passed through; this one has no other
+        super().__init__(client.sock, client.peer, None)  # type: ignore[arg-type]
+
+    def handle(self) -> None:
+        """Requests until the client or the server ends the connection. A request's deadline
+        starts with its first byte, seen (`peek`) before http.server reads its line."""
+        while self.client.idle():
+            try:
+                if not cast("io.BufferedReader", self.rfile).peek(1):
+                    return  # the client closed, or the server cut the connection
+            except TimeoutError:
+                return  # idle for idle_timeout_ms
+            self.client.reading()
+            self.close_connection = True
+            self.handle_one_request()
+            if self.close_connection:
+                return
 
     # http.server calls do_<METHOD>; any other method gets its own 501
     def do_GET(self) -> None:  # noqa: N802
@@ -72,12 +105,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
-        with self.server.request():
-            self._dispatch_one(method)
-        if self.server.stopping:
-            self.close_connection = True  # no keep-alive past a shutdown
-
-    def _dispatch_one(self, method: str) -> None:
+        self.client.working()
         path, _, query = self.path.partition("?")
         try:
             status, headers, body = self._answer(method, path, query)
@@ -86,12 +114,13 @@ class _Handler(BaseHTTPRequestHandler):
             status, headers, body = (HTTPStatus.INTERNAL_SERVER_ERROR,
                                      {"Content-Type": _TEXT}, b"internal error\n")
         try:
+            self.client.writing()
             self._send(method, status, headers, body)
         except (TimeoutError, ConnectionError) as exc:
             log.debug("client went away during %s %s: %s", method, path, exc)
 
     def _answer(self, method: str, path: str, query: str) -> Response:
-        for prefix, route in self.server.routes.items():
+        for prefix, route in self.sources.routes.items():
             if path.startswith(prefix):
                 return route(method, path, parse_qs(query, keep_blank_values=True))
         if path not in ("/metrics", "/health"):
@@ -102,8 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
                     f"method {method} not allowed\n".encode())
         if path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            return HTTPStatus.OK, {"Content-Type": content_type}, encoder(self.server.registry)
-        health = self.server.health()
+            return HTTPStatus.OK, {"Content-Type": content_type}, encoder(self.sources.registry)
+        health = self.sources.health()
         body = json.dumps(health.body, default=str).encode() + b"\n"
         return health.status, {"Content-Type": "application/json"}, body
 
@@ -147,89 +176,56 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a request stuck past the drain must not keep the process alive
-
-    def __init__(
-        self, address: tuple[str, int], registry: CollectorRegistry, health: Callable[[], Health],
-        routes: Mapping[str, Route],
-    ) -> None:
-        self.registry = registry
-        self.health = health
-        self.routes = routes
-        self._inflight = 0
-        self.stopping = False
-        self._idle = threading.Condition()
-        super().__init__(address, _Handler)
-
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
-        """Counts a request in flight (an idle keep-alive connection is not one)."""
-        with self._idle:
-            self._inflight += 1
-        try:
-            yield
-        finally:
-            with self._idle:
-                self._inflight -= 1
-                self._idle.notify_all()
-
-    def drain(self, timeout_s: float) -> int:
-        """Wait up to `timeout_s` for requests in flight to finish; returns how many remain."""
-        self.stopping = True
-        with self._idle:
-            self._idle.wait_for(lambda: self._inflight == 0, timeout_s)
-            return self._inflight
+def _serve(client: Client, sources: _Sources) -> None:
+    """One connection (`ConnectionServer` calls it on the connection's thread)."""
+    _Handler(client, sources)
 
 
-class MetricsServer:
+class HttpServer:
     """`/metrics` (Prometheus text, or OpenMetrics when asked for), `/health`, and `routes`
-    (path prefix -> `Route`, tried first, in order) on one port.
+    (path prefix -> `Route`, tried first, in order) on one port, under `limits` ([http]).
 
-    `port=0` binds an ephemeral port; `port` then tells which. Serves from a background thread
-    between `start()` and `stop()`; usable as a context manager. `stop()` lets requests in
-    flight finish for up to `drain_s` seconds, so whatever a route uses (the daemon's reader)
-    can be closed right after it."""
+    `port=0` binds an ephemeral port; `port` then tells which; binding fails with OSError.
+    Serves from background threads between `start()` and `stop()`; usable as a context
+    manager. `stop()` lets requests in flight finish for up to `drain_s` seconds, so whatever
+    a route uses (the daemon's reader) can be closed right after it."""
 
     def __init__(
         self, host: str, port: int, registry: CollectorRegistry, health: Callable[[], Health],
-        routes: Mapping[str, Route] | None = None, *, drain_s: float = 10.0,
+        routes: Mapping[str, Route] | None = None, *, limits: Limits | None = None,
+        drain_s: float = 10.0,
     ) -> None:
-        self._server = _Server((host, port), registry, health, dict(routes or {}))
-        self._drain_s = drain_s
-        self._thread: threading.Thread | None = None
+        limits = limits or Limits(idle_timeout_s=60.0)
+        sources = _Sources(registry, health, dict(routes or {}))
+        self._server = ConnectionServer(
+            "http", host, port, dataclasses.replace(limits, drain_s=drain_s),
+            lambda client: _serve(client, sources), section="[http]", log=log)
 
     @property
     def host(self) -> str:
-        return str(self._server.server_address[0])
+        return self._server.address[0]
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.address[1]
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = self.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    def stats(self) -> dict[str, int]:
+        """The server base's connection counts (`ConnectionServer.stats`)."""
+        return self._server.stats()
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="tiered-metrics", daemon=True
-        )
-        self._thread.start()
+        self._server.start()
 
     def stop(self) -> None:
-        """Stop accepting, drain requests in flight, close the socket. Idempotent."""
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join()
-            self._thread = None
-            left = self._server.drain(self._drain_s)
-            if left:
-                log.warning("http: %d request(s) still running after %.0f s; closing anyway",
-                            left, self._drain_s)
-        self._server.server_close()
+        """Stop accepting, drain requests in flight, close every socket. Idempotent."""
+        self._server.stop()
 
-    def __enter__(self) -> MetricsServer:
+    def __enter__(self) -> HttpServer:
         self.start()
         return self
 

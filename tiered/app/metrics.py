@@ -349,6 +349,13 @@ KAFKA_METRICS: dict[str, _Scalar] = {
     "kafka_connections_refused": _Scalar("connections_refused", "counter",
                                          "Kafka connections closed at once: max_connections "
                                          "were being served."),
+    "kafka_connections_reclaimed": _Scalar("connections_reclaimed", "counter",
+                                           "Kafka connections closed to serve a new one at "
+                                           "max_connections: the one that waited on its "
+                                           "client the longest."),
+    "kafka_slow_requests": _Scalar("closed_slow_requests", "counter",
+                                   "Kafka connections closed because a request was not "
+                                   "whole within request_timeout_ms of its first byte."),
     "kafka_bad_requests": _Scalar("closed_bad_requests", "counter",
                                   "Kafka connections closed for a request too large, "
                                   "malformed or of an API or version not served."),

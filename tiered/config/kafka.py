@@ -19,6 +19,8 @@
     max_offsets_per_group = 1000
     fetch_max_bytes = "55 MiB"      # one Fetch answer at most (Kafka's fetch.max.bytes)
     max_partitions_per_fetch = 1000 # partitions one Fetch reads; the rest wait their turn
+    request_timeout_ms = "30s"      # a request must be whole this long after its first byte
+    max_connections_per_ip = 100    # default 2147483647 (Kafka's): max_connections alone
 
 Pure parsing: every problem is reported through `add(where, message)`, naming the key. Whether
 the certificate files load is checked when the daemon starts (`tiered.app.kafka_api.server`).
@@ -91,6 +93,12 @@ class KafkaConfig:
     fetch_max_bytes: int = 57_671_680
     #: distinct partitions one Fetch reads; those past it get no data that time
     max_partitions_per_fetch: int = 1000
+    # -- deadlines and per-address limit (tiered.app.serving)
+    #: a request must be whole within this long of its first byte, however it trickles in
+    request_timeout_ms: int = 30_000
+    #: connections from one address; Kafka's max.connections.per.ip default: no limit but
+    #: max_connections (on loopback every client is 127.0.0.1)
+    max_connections_per_ip: int = 2**31 - 1
 
     @property
     def tls(self) -> bool:
@@ -112,6 +120,8 @@ _NUMBERS: dict[str, tuple[Callable[[object], int], int]] = {
     "max_offsets_per_group": (parse_int, 1),
     "fetch_max_bytes": (parse_size, 1),
     "max_partitions_per_fetch": (parse_int, 1),
+    "request_timeout_ms": (parse_duration_ms, 1000),
+    "max_connections_per_ip": (parse_int, 1),
 }
 #: largest values of the keys that have one
 _HIGHEST = {"offset_metadata_max_bytes": 1 << 20}

@@ -6,6 +6,7 @@ file (`tiered.config.loader` builds it).
     [cache]     dir
     [node]      id (the sidecar's name among those sharing the bucket)
     [kafka]     listen, advertised, tls_cert, tls_key, limits (tiered.config.kafka)
+    [http]      the HTTP server's limits (tiered.config.http)
     [cluster]   cluster properties by their flat names (tiered.config.properties)
     [topics."name"]  topic overrides by their dotted names
 
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tiered.config.http import HTTP_KEYS, HttpConfig
 from tiered.config.kafka import KAFKA_KEYS, KafkaConfig
 from tiered.config.properties import (
     CLUSTER,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOG_RETENTION_MODES",
     "Config",
+    "HttpConfig",
     "KafkaConfig",
     "StorageConfig",
     "TopicConfig",
@@ -64,6 +67,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "cache": ("dir",),
     "node": ("id",),
     "kafka": KAFKA_KEYS,
+    "http": HTTP_KEYS,
     "cluster": (),
     "topics": (),
 }
@@ -183,6 +187,8 @@ class Config:
     #: `[log] dirs = []` given explicitly: no local log at all, `tiered run` serves the bucket
     #: alone (a history server); other commands still need log dirs
     history_server: bool = False
+    #: the limits of `tiered run`'s HTTP server ([http])
+    http: HttpConfig = field(default_factory=HttpConfig)
 
     def node_id(self) -> str:
         """This sidecar's name among those sharing the bucket: `[node] id`, else the broker's
@@ -276,6 +282,7 @@ class Config:
             "cache": {"dir": str(self.cache_dir)},
             "node": {"id": self.node_id()},
             **({} if self.kafka is None else {"kafka": _kafka_effective(self.kafka)}),
+            "http": asdict(self.http),
             "cluster": {
                 p.name: _render(p.name, "cluster", self.cluster[p.name], mask_secrets)
                 for p in CLUSTER
@@ -314,6 +321,8 @@ def _kafka_effective(k: KafkaConfig) -> dict[str, Any]:
         "max_offsets_per_group": k.max_offsets_per_group,
         "fetch_max_bytes": k.fetch_max_bytes,
         "max_partitions_per_fetch": k.max_partitions_per_fetch,
+        "request_timeout_ms": k.request_timeout_ms,
+        "max_connections_per_ip": k.max_connections_per_ip,
     }
 
 

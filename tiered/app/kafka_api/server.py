@@ -1,13 +1,15 @@
 """The Kafka endpoint's network side: a listening socket (TLS with the stdlib `ssl` when
 configured), one thread per connection, and the limits that keep one client from hurting the
-others (docs/kafka-api.md, "Limits and security").
+others (docs/kafka-api.md, "Limits and security"), on the server base `tiered.app.serving`.
 
 * Each connection has its own thread and answers its requests in order, as a broker does, so
   a client that is slow to send or to read, or a fetch waiting at the log end, holds only its
-  own connection. Socket reads and writes time out (`IO_TIMEOUT_S`), idle connections close
-  after `idle_timeout_ms`, and a TLS handshake happens on the connection's thread.
-* At most `max_connections` connections are served; one more is accepted and closed at once,
-  with a log line (at most one per `REFUSAL_LOG_S`).
+  own connection. A request must be whole within `request_timeout_ms` of its first byte, idle
+  connections close after `idle_timeout_ms`, and a TLS handshake happens on the connection's
+  thread.
+* At most `max_connections` connections are served, `max_connections_per_ip` from one
+  address; beyond `max_connections` the connection that waited on its client the longest is
+  reclaimed (`tiered.app.serving`).
 * A request frame larger than `max_request_bytes`, one that does not parse (a count or length
   that does not fit in the frame among them: frame_check), or an API or version that is not
   served closes that connection; nothing else is affected. It is logged at most once per
@@ -22,8 +24,7 @@ others (docs/kafka-api.md, "Limits and security").
 
 from __future__ import annotations
 
-import contextlib
-import itertools
+import dataclasses
 import logging
 import socket
 import ssl
@@ -47,6 +48,7 @@ from tiered.app.kafka_api.wire import (
     parse_request,
     peek_header,
 )
+from tiered.app.serving import Client, ConnectionServer, Limits, State
 from tiered.errors import ConfigError, TieredError
 from tiered.kafka.checkpoints import topic_id_to_str
 
@@ -59,12 +61,8 @@ __all__ = ["KafkaServer", "KafkaStats"]
 
 log = logging.getLogger("tiered.app.kafka_api")
 
-#: seconds a socket read inside a request, or a write of an answer, may stall
-IO_TIMEOUT_S = 60.0
 #: seconds the server waits, when it stops, for connection threads to finish their request
 DRAIN_S = 10.0
-#: at most one "too many connections" line per this many seconds
-REFUSAL_LOG_S = 10.0
 #: at most one "closing the connection" line per client address per this many seconds
 BAD_REQUEST_LOG_S = 60.0
 #: the node id Metadata gives this endpoint (one node: it leads everything it serves)
@@ -74,11 +72,16 @@ _CLUSTER_NAMESPACE = uuid.UUID("0b8f7f7c-2f7e-4f3a-9a49-3c4f5d5b6a10")
 
 @dataclass
 class KafkaStats:
-    """Counters for metrics; updated under the server's lock."""
+    """Counters for metrics; updated under the server's lock, the connection counts taken
+    from the server base (`tiered.app.serving`) when read."""
 
     connections: int = 0
     connections_total: int = 0
     connections_refused: int = 0
+    #: connections closed to make room for a new one at max_connections
+    connections_reclaimed: int = 0
+    #: connections closed because a request was not whole within request_timeout_ms
+    closed_slow_requests: int = 0
     closed_bad_requests: int = 0
     requests: dict[str, int] = field(default_factory=dict)
     bytes_sent: int = 0
@@ -93,28 +96,26 @@ class KafkaServer:
         self.config = config
         self._clock = clock
         self._ssl = _ssl_context(config) if config.tls else None
+        limits = Limits(
+            max_connections=config.max_connections,
+            max_connections_per_ip=config.max_connections_per_ip,
+            request_timeout_s=config.request_timeout_ms / 1000,
+            idle_timeout_s=config.idle_timeout_ms / 1000, drain_s=DRAIN_S)
         try:
-            self._sock = socket.create_server(
-                (config.listen_host, config.listen_port),
-                family=socket.AF_INET6 if ":" in config.listen_host else socket.AF_INET,
-                backlog=128)
+            self._server = ConnectionServer(
+                "kafka", config.listen_host, config.listen_port, limits, self._serve,
+                section="[kafka]", tls=self._ssl, log=log)
         except OSError as exc:
             where = _address(config.listen_host, config.listen_port)
             raise TieredError(f"cannot serve Kafka on {where}: {exc.strerror or exc}") from None
-        self._sock.settimeout(0.5)  # the accept loop looks at the stop flag this often
         self._lock = threading.Lock()
         self._stats = KafkaStats()
-        self._conns: dict[int, socket.socket] = {}
-        self._threads: dict[int, threading.Thread] = {}
-        self._ids = itertools.count(1)
-        self._accepting: threading.Thread | None = None
-        self._refusal_logged = 0.0
         self._bad_request_log = OncePerKey(BAD_REQUEST_LOG_S, clock=clock)
         self.services: Services | None = None
 
     @property
     def port(self) -> int:
-        return int(self._sock.getsockname()[1])
+        return self._server.address[1]
 
     @property
     def listen_address(self) -> str:
@@ -128,13 +129,11 @@ class KafkaServer:
         return c.listen_host, self.port
 
     def stats(self) -> dict[str, Any]:
+        connections = self._server.stats()  # the server base counts connections
         with self._lock:
-            s = self._stats
-            return {"connections": s.connections, "connections_total": s.connections_total,
-                    "connections_refused": s.connections_refused,
-                    "closed_bad_requests": s.closed_bad_requests,
-                    "requests": dict(s.requests), "bytes_sent": s.bytes_sent,
-                    "bytes_received": s.bytes_received}
+            s = dataclasses.replace(self._stats, requests=dict(self._stats.requests),
+                                    **connections)
+        return dataclasses.asdict(s)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -159,9 +158,7 @@ class KafkaServer:
             topic_id_to_str(uuid.uuid5(_CLUSTER_NAMESPACE, bucket_url)), clock=self._clock,
             fetch_limits=FetchLimits(c.fetch_max_bytes, c.max_partitions_per_fetch))
         groups.start()
-        self._accepting = threading.Thread(target=self._accept_loop, name="tiered-kafka",
-                                           daemon=True)
-        self._accepting.start()
+        self._server.start()
         log.info("Kafka endpoint on %s%s (advertised as %s:%d), read-only", self.listen_address,
                  " (TLS)" if self._ssl else "", host, port)
 
@@ -172,93 +169,24 @@ class KafkaServer:
         if svc is not None:
             svc.stopping.set()
             svc.groups.stop()
-        if self._accepting is not None:
-            self._accepting.join()
-            self._accepting = None
-        with self._lock:
-            conns = list(self._conns.values())
-            threads = list(self._threads.values())
-        for sock in conns:  # wakes threads waiting for a request; one mid-request finishes it
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RD)
-        deadline = time.monotonic() + DRAIN_S
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        left = [t for t in threads if t.is_alive()]
-        if left:
-            # a client that stopped reading holds its thread in a write: cut it off
-            log.warning("kafka: %d connection(s) still busy after %.0f s; closing them",
-                        len(left), DRAIN_S)
-            with self._lock:
-                conns = list(self._conns.values())
-            for sock in conns:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-            for thread in left:
-                thread.join(1.0)
-        self._sock.close()
+        self._server.stop()
 
     # -- connections ---------------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
+    def _serve(self, client: Client) -> None:
         svc = self.services
         assert svc is not None  # noqa: S101 - started by start()
-        while not svc.stopping.is_set():
-            try:
-                sock, peer = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if svc.stopping.is_set():
-                    return
-                log.warning("kafka: accept failed: %s", exc)
-                time.sleep(0.1)
-                continue
-            conn_id = next(self._ids)
-            with self._lock:
-                full = len(self._conns) >= self.config.max_connections
-                if full:
-                    self._stats.connections_refused += 1
-                else:
-                    self._conns[conn_id] = sock
-                    self._stats.connections += 1
-                    self._stats.connections_total += 1
-            if full:
-                self._refuse(sock, peer)
-                continue
-            thread = threading.Thread(target=self._serve, args=(conn_id, sock, peer),
-                                      name=f"tiered-kafka-{conn_id}", daemon=True)
-            with self._lock:
-                self._threads[conn_id] = thread
-            thread.start()
-
-    def _refuse(self, sock: socket.socket, peer: Any) -> None:
-        with contextlib.suppress(OSError):
-            sock.close()
-        now = time.monotonic()
-        if now - self._refusal_logged >= REFUSAL_LOG_S:
-            self._refusal_logged = now
-            log.warning("kafka: closed a connection from %s: already serving max_connections "
-                        "= %d ([kafka] max_connections)", peer[0], self.config.max_connections)
-
-    def _serve(self, conn_id: int, sock: socket.socket, peer: Any) -> None:
-        svc = self.services
-        assert svc is not None  # noqa: S101 - started by start()
-        conn = Connection(conn_id, str(peer[0]))
+        conn = Connection(client.id, client.peer_host)
+        sock = client.sock
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._ssl is not None:
-                sock.settimeout(IO_TIMEOUT_S)
-                sock = self._ssl.wrap_socket(sock, server_side=True)
-                with self._lock:
-                    self._conns[conn_id] = sock
-            while not svc.stopping.is_set():
-                frame = self._read_frame(sock)
+            while client.idle() and not svc.stopping.is_set():
+                frame = self._read_frame(client)
                 if frame is None:
                     break
+                client.working()
                 reply = self._answer(svc, conn, frame)
                 try:
-                    sock.settimeout(IO_TIMEOUT_S)
+                    client.writing()
                     reply.send(sock)
                 finally:
                     reply.close()
@@ -266,20 +194,9 @@ class KafkaServer:
                     self._stats.bytes_sent += reply.size
         except MalformedRequest as exc:
             self._bad_request(conn.peer_host, exc)
-        except (OSError, ssl.SSLError) as exc:  # resets, timeouts, TLS failures: theirs alone
-            log.debug("kafka: connection from %s ended: %s", conn.peer_host, exc)
-        except Exception:
-            log.exception("kafka: closing the connection from %s after an internal error",
-                          conn.peer_host)
         finally:
             for session in conn.sessions:
                 svc.reader.close_reader(session)
-            with contextlib.suppress(OSError):
-                sock.close()
-            with self._lock:
-                self._conns.pop(conn_id, None)
-                self._threads.pop(conn_id, None)
-                self._stats.connections -= 1
 
     def _bad_request(self, peer_host: str, exc: MalformedRequest) -> None:
         """Count a connection closed for a bad request; log it once per client per
@@ -294,13 +211,16 @@ class KafkaServer:
                 "last line)" if held else "")
         log.warning("kafka: closing the connection from %s: %s%s", peer_host, exc, more)
 
-    def _read_frame(self, sock: socket.socket) -> bytes | None:
+    def _read_frame(self, client: Client) -> bytes | None:
         """The next request frame; None when the client closed, went idle or the server
-        stops. `MalformedRequest` for a size outside 8..max_request_bytes."""
-        sock.settimeout(self.config.idle_timeout_ms / 1000)
+        stops. `MalformedRequest` for a size outside 8..max_request_bytes. The request's
+        deadline starts with its first byte (`Client.reading`)."""
+        sock = client.sock
         try:
-            head = _recv_exactly(sock, FRAME_SIZE.size, allow_eof=True)
+            head = _recv_exactly(sock, FRAME_SIZE.size, allow_eof=True, started=client.reading)
         except TimeoutError:
+            if client.state is not State.IDLE:
+                raise
             log.debug("kafka: closing an idle connection")
             return None
         if head is None:
@@ -310,7 +230,6 @@ class KafkaServer:
             raise MalformedRequest(
                 f"request of {size} bytes; requests must be 8..{self.config.max_request_bytes} "
                 "bytes ([kafka] max_request_bytes)")
-        sock.settimeout(IO_TIMEOUT_S)
         frame = _recv_exactly(sock, size, allow_eof=False)
         assert frame is not None  # noqa: S101 - allow_eof=False raises instead
         with self._lock:
@@ -339,7 +258,10 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _recv_exactly(sock: socket.socket, n: int, *, allow_eof: bool) -> bytes | None:
+def _recv_exactly(sock: socket.socket, n: int, *, allow_eof: bool,
+                  started: Callable[[], None] | None = None) -> bytes | None:
+    """`n` bytes; None at a clean EOF before any when `allow_eof`. `started()` runs once the
+    first bytes are in."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -349,6 +271,8 @@ def _recv_exactly(sock: socket.socket, n: int, *, allow_eof: bool) -> bytes | No
             if got == 0 and allow_eof:
                 return None
             raise ConnectionError(f"the client closed the connection after {got} of {n} bytes")
+        if got == 0 and started is not None:
+            started()
         got += count
     return bytes(buf)
 

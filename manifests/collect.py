@@ -49,6 +49,9 @@ class Verdict(enum.Enum):
     DEAD = "dead"
     CUTOFF = "cutoff"
     KEEP = "keep"
+    #: below the head's start with no recorded reason: history the head lost, never collected,
+    #: and an anomaly that stops collection for the partition
+    HISTORY = "history"
 
 
 @dataclass(frozen=True)
@@ -61,12 +64,25 @@ class HeadFacts:
     first_head_offset: int
     #: (base offset, level) of every archive entry the head itself lists
     top_entries: frozenset[tuple[int, int]]
+    #: the log's first offset in the bucket, and the offset below which the head records that
+    #: the log was cut on purpose (`collectable_below`)
+    log_start: int = 0
+    collectable_below: int = 0
 
     @classmethod
     def of(cls, m: PartitionManifest) -> HeadFacts:
         first = m.segments.first_base() if m.segments else m.next_offset
         return cls(m.term, m.next_offset, first,
-                   frozenset((e.base_offset, e.level) for e in m.archives))
+                   frozenset((e.base_offset, e.level) for e in m.archives),
+                   m.log_start_offset, m.collectable_below)
+
+    def below_start(self, base_offset: int, last_offset: int) -> Verdict | None:
+        """The verdict on an object of offsets `base..last` that starts below the log start:
+        dead when the head records why those offsets left the log, else history it lost.
+        None for an object at or past the start."""
+        if base_offset >= self.log_start:
+            return None
+        return Verdict.DEAD if last_offset < self.collectable_below else Verdict.HISTORY
 
 
 def data_verdict(name: str, head: HeadFacts) -> Verdict:
@@ -74,6 +90,10 @@ def data_verdict(name: str, head: HeadFacts) -> Verdict:
     segment = keys.segment_name_of(name)
     if segment is None:
         return Verdict.KEEP  # not a segment or index: not ours to judge
+    named = keys.parse_segment_name(segment)
+    if named is not None and (below := head.below_start(named.base_offset,
+                                                        named.last_offset)) is not None:
+        return below  # a head starting later is no reason to collect what lies below it
     if not ops.is_append_name(name):
         return Verdict.CUTOFF
     parsed = keys.parse_segment_name(segment)
@@ -87,7 +107,10 @@ def archive_verdict(name: str, head: HeadFacts) -> Verdict:
     """The verdict for an unreferenced object named `name` under the meta prefix."""
     parsed = keys.parse_archived_manifest_name(name)
     if parsed is None:
-        return Verdict.KEEP  # the head manifest, or not ours
+        return Verdict.KEEP  # the head manifest, its copies, or not ours
+    below = head.below_start(parsed.base_offset, parsed.last_offset)
+    if below is Verdict.HISTORY:
+        return below
     if parsed.base_offset >= head.first_head_offset:
         return Verdict.KEEP  # a spill of the current head may be about to list it
     if parsed.level > 0 and any(
@@ -121,6 +144,8 @@ class Collected:
     errors: list[str] = field(default_factory=list)
     #: why nothing was considered at all (no head)
     skipped: str | None = None
+    #: history below the head's start that no record explains: nothing was collected
+    anomaly: str | None = None
 
 
 def referenced_data_names(mstore: ManifestStore, m: PartitionManifest) -> set[str]:
@@ -179,6 +204,7 @@ def collect_orphans(
     old_enough = (now_ms - grace_ms) / 1000
     dead: list[str] = []
     by_cutoff: list[ObjectInfo] = []
+    history: list[str] = []
     for info in listing:
         if info.key in referenced or info.last_modified > old_enough:
             continue
@@ -188,12 +214,25 @@ def collect_orphans(
             verdict = data_verdict(info.key[len(data_prefix):], head)
         else:
             verdict = archive_verdict(info.key[len(meta_prefix):], head)
-        if verdict is Verdict.DEAD:
+        if verdict is Verdict.HISTORY:
+            history.append(info.key)
+        elif verdict is Verdict.DEAD:
             dead.append(info.key)
         elif verdict is Verdict.CUTOFF:
             by_cutoff.append(info)
         else:
             out.deferred[info.key] = "may still be committed by a writer in flight"
+    if history:
+        # the head starts above objects of ours and records no reason: it lost history (a
+        # head deleted and created anew, a stale copy). Collect nothing until it is repaired
+        out.anomaly = (f"{len(history)} object(s) below the head's start offset "
+                       f"{head.log_start} that no recorded retention explains, e.g. "
+                       f"{sorted(history)[0]}: the head lost history; collection stops for the "
+                       f"partition until `tiered recover --rebuild-manifests --topic {topic}` "
+                       "restores it")
+        log.error("%s/%d: %s", topic, partition, out.anomaly)
+        out.errors.append(out.anomaly)
+        return out
     if by_cutoff:
         cutoff = cutoff_for(by_cutoff)
         if cutoff > m.gc_cutoff_ms:

@@ -21,6 +21,7 @@ each either wins the compare-and-swap or re-applies its change on top of the win
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +37,7 @@ from manifests.cas import retry_conflicts
 from manifests.errors import (
     ArchiveKeyCollision,
     CorruptManifest,
+    HistoryWithoutHead,
     InvalidUpdate,
     ManifestConflict,
     ManifestContention,
@@ -50,7 +52,9 @@ from manifests.serde import (
 )
 from manifests.spillover import ArchiveUpload, ManifestSettings, plan_spill
 from tiered.store.base import ObjectInfo, ObjectStore
-from tiered.store.errors import ObjectNotFound, PreconditionFailed
+from tiered.store.errors import ObjectNotFound, PreconditionFailed, StoreError
+
+log = logging.getLogger(__name__)
 
 #: how long `update` keeps re-applying a change that loses its commit race, seconds
 UPDATE_DEADLINE_S = 30.0
@@ -69,6 +73,8 @@ class ManifestStoreStats:
     commits: int = 0
     conflicts: int = 0
     fenced: int = 0
+    #: heads restored from their copies after they went missing
+    restored: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,6 +197,8 @@ class ManifestStore:
         `InvalidUpdate` for a manifest that breaks an invariant."""
         key = manifest.key
         base_sequence = 0
+        if expected_etag is None:
+            self._guard_fresh_head(manifest)
         if expected_etag is not None:
             base_term, base_sequence = self._base_version(manifest, expected_etag)
             if base_term > manifest.term:
@@ -217,9 +225,91 @@ class ManifestStore:
             etag = got[1]
         self.stats.commits += 1
         self._remember(key, etag, new)
+        self._keep_copy(new, data)
         for upload in plan.uploads:
             self.cache.put(upload.key, upload.manifest)
         return CommitResult(new, etag, tuple(u.key for u in plan.uploads))
+
+    # -- losing the head: copies, restore, refusal (docs/format.md, "Losing objects") -----
+
+    def _keep_copy(self, m: PartitionManifest, data: bytes) -> None:
+        """Write the committed version beside the head, in its sequence's slot: a deleted or
+        garbled head is restored exactly from it (cutoff and recorded start included). A copy
+        that fails to go up costs nothing now; the other slot still holds a whole copy."""
+        try:
+            self.store.put(keys.head_copy_key(m.key, m.sequence), data)
+        except StoreError as exc:
+            log.warning("%s: could not write the head's copy: %s", m.key, exc)
+
+    def _guard_fresh_head(self, manifest: PartitionManifest) -> None:
+        """Before creating a head where none is stored: restore the newest copy that the
+        bucket proves complete (then `ManifestConflict` carries it, so `update` re-applies its
+        change on top), or refuse with `HistoryWithoutHead` when objects of ours lie below the
+        new head's start. A partition whose prefixes hold nothing of ours starts afresh."""
+        data_prefix = keys.partition_data_prefix(manifest.topic, manifest.partition,
+                                                 manifest.revision)
+        meta_prefix = keys.partition_meta_prefix(manifest.topic, manifest.partition,
+                                                 manifest.revision)
+        listing = {i.key for i in self.store.list(data_prefix)}
+        meta = {i.key for i in self.store.list(meta_prefix)}
+        if manifest.key in meta:
+            return  # a head is there after all: the create below loses its race as it should
+        restored = self._restore_from_copy(manifest.key, listing | meta, meta)
+        if restored is not None:
+            raise ManifestConflict(manifest.key, *restored)
+        below = [k for k in sorted(listing | meta) if _starts_below(
+            k[len(data_prefix if k.startswith(data_prefix) else meta_prefix):],
+            manifest.log_start_offset)]
+        copies = [k for k in meta if k.startswith(manifest.key + ".copy-")]
+        if below or copies:
+            detail = (f"{len(below)} object(s) below offset {manifest.log_start_offset}, e.g. "
+                      f"{below[0]}" if below else f"copies that do not restore: {copies[0]}")
+            raise HistoryWithoutHead(manifest.key, detail, manifest.topic)
+
+    def _restore_from_copy(self, key: str, present: set[str], meta: set[str]
+                           ) -> tuple[PartitionManifest, str] | None:
+        """Create the head from the newest valid copy whose every named object is `present`
+        (If-None-Match: a head another writer created meanwhile wins). None when no copy
+        proves complete."""
+        found: list[PartitionManifest] = []
+        for slot in keys.HEAD_COPY_SLOTS:
+            copy_key = f"{key}.{slot}"
+            if copy_key not in meta:
+                continue
+            try:
+                m = decode_partition_manifest(self.store.get(copy_key), key=key)
+            except (ObjectNotFound, CorruptManifest) as exc:
+                log.warning("%s: the copy %s does not restore the head: %s", key, copy_key, exc)
+                continue
+            if m.key == key:
+                found.append(m)
+        for m in sorted(found, key=lambda c: c.sequence, reverse=True):
+            missing = [k for k in self._named_keys(m) if k not in present]
+            if missing:
+                log.warning("%s: the copy at sequence %d names %d object(s) the bucket no "
+                            "longer holds, e.g. %s", key, m.sequence, len(missing), missing[0])
+                continue
+            data = encode_partition_manifest(m)
+            try:
+                etag = self.store.put(key, data, if_none_match=True)
+            except PreconditionFailed:
+                got = self._read_head(key)
+                return got  # another writer created the head first: take it
+            self._remember(key, etag, m)
+            log.warning("%s: the head manifest was missing; restored it from its copy at "
+                        "sequence %d (offsets %d..%d)", key, m.sequence, m.log_start_offset,
+                        m.last_offset)
+            self.stats.restored += 1
+            return m, etag
+        return None
+
+    def _named_keys(self, m: PartitionManifest) -> list[str]:
+        """Every object key a head names: its segments and replaced segments, and the archived
+        manifests it lists (not what they list in turn: those are checked when read)."""
+        out = [m.segment_key(s) for s in m.segments]
+        out += [m.segment_key(r.segment) for r in m.replaced]
+        out += sorted(self.referenced_archive_keys(m))
+        return out
 
     def update(
         self,
@@ -421,3 +511,14 @@ class ManifestStore:
             if keys.parse_archived_manifest_name(info.key[len(prefix) :]) is not None
             and info.key not in referenced
         ]
+
+
+def _starts_below(name: str, offset: int) -> bool:
+    """Whether `name` (under a partition's data or meta prefix) is a segment, index or
+    archived manifest of ours whose offsets begin below `offset`."""
+    segment = keys.segment_name_of(name)
+    parsed = None if segment is None else keys.parse_segment_name(segment)
+    if parsed is not None:
+        return parsed.base_offset < offset
+    archived = keys.parse_archived_manifest_name(name)
+    return archived is not None and archived.base_offset < offset

@@ -142,3 +142,16 @@ class StaleTerm(ManifestError):
 class ArchiveKeyCollision(ManifestError):
     """An archived manifest key already holds different bytes. Keys carry a checksum of the
     content, so this means a checksum collision or tampering; nothing is overwritten."""
+
+
+class HistoryWithoutHead(ManifestError):
+    """A writer found no head manifest (or only a damaged one) over objects of ours it could
+    not prove a restore complete for: it stops the partition rather than start it afresh over
+    that history (docs/format.md, "Losing objects")."""
+
+    def __init__(self, key: str, detail: str, topic: str) -> None:
+        self.key = key
+        super().__init__(
+            f"{key}: no usable head manifest, but the bucket holds this partition's history "
+            f"({detail}); refusing to start the partition afresh over it. Repair it with "
+            f"`tiered recover --rebuild-manifests --config FILE --topic {topic}`")

@@ -254,6 +254,17 @@ def index_key(
 # -- manifests ---------------------------------------------------------------------------------
 
 
+#: the copies of a head kept beside it, one slot per sequence parity (docs/format.md, "Losing
+#: objects"): never an archived manifest's name, so collection keeps them
+HEAD_COPY_SLOTS = ("copy-a", "copy-b")
+
+
+def head_copy_key(head_key: str, sequence: int) -> str:
+    """Where the copy of the head version `sequence` is written: two slots, so a copy write
+    still in flight for one version never leaves the other without a whole copy."""
+    return f"{head_key}.{HEAD_COPY_SLOTS[sequence % len(HEAD_COPY_SLOTS)]}"
+
+
 def partition_manifest_key(topic: str, partition: int, revision: str | int) -> str:
     """The head manifest's key: derivable from (topic, partition, revision), no listing."""
     return partition_meta_prefix(topic, partition, revision) + PARTITION_MANIFEST_NAME

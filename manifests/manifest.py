@@ -62,6 +62,11 @@ class PartitionManifest:
     #: found it unreferenced, so no writer may newly reference such an object (only grows;
     #: docs/format.md, "Garbage collection")
     gc_cutoff_ms: int = 0
+    #: every offset below it left the log for a recorded reason (remote retention, a recorded
+    #: truncation): an unreferenced object of ours wholly below it may be collected, one
+    #: below the log start and not below it is history no record explains, and is kept
+    #: (only grows; docs/format.md, "Garbage collection")
+    collectable_below: int = 0
 
     @classmethod
     def new(

@@ -23,9 +23,10 @@ from manifests import keys
 
 #: the JSON format version of archived and topic manifests this code writes and reads
 FORMAT_VERSION = 1
-#: the newest head-manifest format: version 2 adds `gc_cutoff_ms`; a head whose cutoff is
-#: still 0 is written as version 1, byte for byte what older releases wrote
-HEAD_FORMAT_VERSION = 2
+#: the newest head-manifest format: version 2 adds `gc_cutoff_ms`, version 3
+#: `collectable_below`; a head that needs neither is written as version 1, one whose
+#: `collectable_below` is 0 as version 2 at most, byte for byte what older releases wrote
+HEAD_FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,6 +181,7 @@ def advance_start_offset(m: PartitionManifest, new_start: int, *, now_ms: int) -
     of the way (retention keeps data longer, never shorter)."""
     if new_start <= m.log_start_offset:
         return m
+    m = record_start_reason(m, new_start)
     if new_start > m.next_offset:
         raise InvalidUpdate(
             f"{_where(m)}: cannot move the log start to {new_start}: the log ends at "
@@ -207,6 +208,14 @@ def advance_start_offset(m: PartitionManifest, new_start: int, *, now_ms: int) -
     else:
         changes["archive_start_offset"] = changes["archive_clean_offset"] = new_start
     return m.evolve(**changes)
+
+
+def record_start_reason(m: PartitionManifest, below: int) -> PartitionManifest:
+    """Record that every offset below `below` left the log on purpose (retention, a recorded
+    truncation): only then may the collector delete objects of ours wholly below the head's
+    start. A head that merely starts later records nothing (docs/format.md, "Garbage
+    collection"). Only grows."""
+    return m if below <= m.collectable_below else m.evolve(collectable_below=below)
 
 
 def replaced_due(

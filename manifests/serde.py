@@ -147,10 +147,17 @@ def encode_partition_manifest(m: PartitionManifest) -> bytes:
         SegmentTable.from_rows(r.segment for r in m.replaced), contiguous=False
     )
     replaced["replaced_at"] = [r.replaced_at for r in m.replaced]
-    cutoff = {"gc_cutoff_ms": m.gc_cutoff_ms} if m.gc_cutoff_ms else {}
+    cutoff: dict[str, int] = {}
+    version = 1
+    if m.gc_cutoff_ms or m.collectable_below:
+        cutoff["gc_cutoff_ms"] = m.gc_cutoff_ms
+        version = 2
+    if m.collectable_below:
+        cutoff["collectable_below"] = m.collectable_below
+        version = 3
     return _dumps(
         {
-            "version": HEAD_FORMAT_VERSION if cutoff else 1,
+            "version": version,
             "kind": KIND_PARTITION,
             "topic": m.topic,
             "partition": m.partition,
@@ -391,7 +398,7 @@ def _guarded(key: str | None, parse: Callable[[], Any]) -> Any:
 def decode_partition_manifest(data: bytes, *, key: str | None = None) -> PartitionManifest:
     """Parse and validate a head manifest; `key` is named in every error."""
     doc = load_document(data, key, KIND_PARTITION, _HEAD_FIELDS, newest=HEAD_FORMAT_VERSION,
-                        added={2: ("gc_cutoff_ms",)})
+                        added={2: ("gc_cutoff_ms",), 3: ("collectable_below",)})
 
     def parse() -> PartitionManifest:
         topic, partition, revision = _identity(doc)
@@ -415,6 +422,8 @@ def decode_partition_manifest(data: bytes, *, key: str | None = None) -> Partiti
             ),
             archives=_decode_archives(doc["archives"], "archives."),
             gc_cutoff_ms=_int(doc, "gc_cutoff_ms", "") if "gc_cutoff_ms" in doc else 0,
+            collectable_below=(_int(doc, "collectable_below", "")
+                               if "collectable_below" in doc else 0),
         )
 
     m: PartitionManifest = _guarded(key, parse)

@@ -25,6 +25,7 @@ from manifests.errors import (
     UnsupportedManifestVersion,
 )
 from manifests.manifest import PartitionManifest
+from manifests.model import HEAD_FORMAT_VERSION
 from manifests.serde import encode_partition_manifest
 from manifests.spillover import ManifestSettings
 from tiered.store.base import ObjectStore
@@ -240,9 +241,9 @@ def test_corrupt_head_in_the_bucket_is_refused_with_its_key(store: ObjectStore) 
 def test_head_from_a_newer_release_is_refused(store: ObjectStore) -> None:
     m = ops.add_segments(PartitionManifest.new(TOPIC, PARTITION, REVISION, term=1), run_of(0, 2))
     doc = json.loads(encode_partition_manifest(m))
-    doc["version"] = 3
+    doc["version"] = HEAD_FORMAT_VERSION + 1
     store.put(m.key, json.dumps(doc).encode())
-    with pytest.raises(UnsupportedManifestVersion, match="version 3"):
+    with pytest.raises(UnsupportedManifestVersion, match=f"version {HEAD_FORMAT_VERSION + 1}"):
         load(ManifestStore(store))
 
 

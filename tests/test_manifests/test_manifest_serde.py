@@ -203,7 +203,9 @@ def test_random_byte_damage_is_refused_or_harmless(data: st.DataObject) -> None:
 
 
 def doc() -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads(encode_partition_manifest(sample()))
+    """The sample head as an older release wrote it: version 1, no retention recorded."""
+    loaded: dict[str, Any] = json.loads(encode_partition_manifest(
+        sample().evolve(collectable_below=0)))
     return loaded
 
 
@@ -239,6 +241,26 @@ def test_gc_cutoff_field_belongs_to_version_2_only() -> None:
     v2["version"] = 2
     with pytest.raises(CorruptManifest, match="missing \\['gc_cutoff_ms'\\]"):
         decode_partition_manifest(encode(v2), key=KEY)
+
+
+def test_a_recorded_start_makes_a_version_3_head_and_round_trips() -> None:
+    """Retention records why the start moved (`collectable_below`): version 3, with the cutoff
+    written too; older heads read as having recorded nothing (0)."""
+    m = sample()
+    assert m.collectable_below == 100  # advance_start_offset recorded the retention
+    doc_ = json.loads(encode_partition_manifest(m))
+    assert doc_["version"] == 3 and doc_["collectable_below"] == 100
+    assert doc_["gc_cutoff_ms"] == 0
+    assert decode_partition_manifest(encode_partition_manifest(m), key=KEY) == m
+    assert decode_partition_manifest(encode(doc()), key=KEY).collectable_below == 0
+    v2 = doc()
+    v2 |= {"version": 2, "gc_cutoff_ms": 0, "collectable_below": 5}
+    with pytest.raises(CorruptManifest, match="unknown \\['collectable_below'\\]"):
+        decode_partition_manifest(encode(v2), key=KEY)
+    v3 = doc()
+    v3 |= {"version": 3, "gc_cutoff_ms": 0}
+    with pytest.raises(CorruptManifest, match="missing \\['collectable_below'\\]"):
+        decode_partition_manifest(encode(v3), key=KEY)
 
 
 def test_archived_manifest_of_a_newer_version_is_refused() -> None:
@@ -356,7 +378,7 @@ def test_manifest_of_another_kind_is_refused() -> None:
     with pytest.raises(CorruptManifest, match="expected a 'partition' manifest"):
         decode_partition_manifest(encode_archived_manifest(a))
     with pytest.raises(CorruptManifest, match="expected a 'archive' manifest"):
-        decode_archived_manifest(encode_partition_manifest(sample()))
+        decode_archived_manifest(encode_partition_manifest(sample().evolve(collectable_below=0)))
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ from tiered.config.properties import (
     local_capacity_percent,
     resolve_topic,
 )
+from tiered.config.security import HTTP_KEYS, HttpConfig
 from tiered.errors import ConfigError
 from tiered.kafka.checkpoints import read_meta_properties
 from tiered.topics import is_internal_topic, node_id_from, node_id_problem, topic_name_problem
@@ -64,6 +65,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "cache": ("dir",),
     "node": ("id",),
     "kafka": KAFKA_KEYS,
+    "http": HTTP_KEYS,
     "cluster": (),
     "topics": (),
 }
@@ -183,6 +185,8 @@ class Config:
     #: `[log] dirs = []` given explicitly: no local log at all, `tiered run` serves the bucket
     #: alone (a history server); other commands still need log dirs
     history_server: bool = False
+    #: the HTTP API's authentication and TLS ([http]; docs/security.md)
+    http: HttpConfig = HttpConfig()
 
     def node_id(self) -> str:
         """This sidecar's name among those sharing the bucket: `[node] id`, else the broker's
@@ -276,6 +280,9 @@ class Config:
             "cache": {"dir": str(self.cache_dir)},
             "node": {"id": self.node_id()},
             **({} if self.kafka is None else {"kafka": _kafka_effective(self.kafka)}),
+            **({} if self.http == HttpConfig() else {"http": {
+                "auth": self.http.auth, **{k: _plain_path(getattr(self.http, k)) for k in (
+                    "tls_cert", "tls_key", "tls_client_ca")}}}),
             "cluster": {
                 p.name: _render(p.name, "cluster", self.cluster[p.name], mask_secrets)
                 for p in CLUSTER
@@ -312,7 +319,23 @@ def _kafka_effective(k: KafkaConfig) -> dict[str, Any]:
         "offsets_retention_check_interval_ms": k.offsets_retention_check_interval_ms,
         "max_groups": k.max_groups,
         "max_offsets_per_group": k.max_offsets_per_group,
+        **_security_effective(k),
     }
+
+
+def _plain_path(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _security_effective(k: KafkaConfig) -> dict[str, Any]:
+    s = k.security
+    return {"sasl_mechanisms": list(s.sasl_mechanisms),
+            "allow_plaintext_sasl": s.allow_plaintext_sasl,
+            "tls_client_ca": _plain_path(s.tls_client_ca),
+            "tls_principal_rule": [r.pattern.pattern if r.pattern else "DEFAULT"
+                                   for r in s.tls_principal_rules],
+            "allow_everyone_if_no_acl": s.allow_everyone_if_no_acl,
+            "super_users": list(s.super_users), "session_lifetime_ms": s.session_lifetime_ms}
 
 
 def _plain(value: str | None) -> str | None:

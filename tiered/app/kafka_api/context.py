@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from kio.schema.errors import ErrorCode
 
 from cache.reader import InvalidRequest, UnknownPartition
+from tiered.app.kafka_api.auth import ConnectionAuth, Guard
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class Services:
     stopping: threading.Event = field(default_factory=threading.Event)
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
+    #: authentication and ACLs (docs/security.md); open when security is not configured
+    guard: Guard = field(default_factory=Guard.open)
 
 
 @dataclass
@@ -62,6 +65,8 @@ class Connection:
     peer_host: str
     #: consumer sessions of the read cache this connection opened (closed with it)
     sessions: set[Hashable] = field(default_factory=set)
+    #: who the client is and its SASL state (docs/security.md)
+    auth: ConnectionAuth = field(default_factory=ConnectionAuth)
 
     def session(self, topic: str, partition: int) -> Hashable:
         """The read-cache session of this connection's reads of one partition: a Kafka

@@ -32,6 +32,7 @@ from kio.schema.errors import ErrorCode
 
 from cache.pieces import FilePiece, Pieces
 from cache.reader import FetchedPieces
+from manifests.security import Operation
 from tiered.app.kafka_api.context import Connection, Services, error_code_of
 from tiered.app.kafka_api.messages import build, nested, response_class
 from tiered.app.kafka_api.wire import Reply, Request, new_marker
@@ -109,6 +110,9 @@ def _read_all(svc: Services, conn: Connection, body: Any, names: list[str | None
         for p, out in zip(t.partitions, parts, strict=True):
             if name is None:
                 out.error, errors = ErrorCode.unknown_topic_id, True
+                continue
+            if not svc.guard.topic(conn, Operation.READ, name):
+                out.error, errors = ErrorCode.topic_authorization_failed, True
                 continue
             limit = min(max(0, p.partition_max_bytes), budget - total)
             _read_one(svc, conn, name, p.fetch_offset, limit, first, read_committed, out)

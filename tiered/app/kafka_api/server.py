@@ -30,13 +30,16 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tiered.app.kafka_api.apis import API_VERSIONS, APIS, unsupported_api_versions
+from tiered.app.kafka_api.auth import Guard
 from tiered.app.kafka_api.catalog import Catalog
 from tiered.app.kafka_api.context import Connection, Node, Services
 from tiered.app.kafka_api.coordinator import GroupSettings
 from tiered.app.kafka_api.groups import GroupCoordinator, OffsetLimits
+from tiered.app.kafka_api.sasl import raw_token
 from tiered.app.kafka_api.wire import (
     FRAME_SIZE,
     MalformedRequest,
@@ -49,6 +52,7 @@ from tiered.kafka.checkpoints import topic_id_to_str
 
 if TYPE_CHECKING:
     from cache.reader import Reader
+    from tiered.app.security_view import SecurityView
     from tiered.config.kafka import KafkaConfig
     from tiered.store.base import ObjectStore
 
@@ -105,6 +109,8 @@ class KafkaServer:
         self._accepting: threading.Thread | None = None
         self._refusal_logged = 0.0
         self.services: Services | None = None
+        self._guard = Guard.open()
+        self._own_view: SecurityView | None = None
 
     @property
     def port(self) -> int:
@@ -133,10 +139,14 @@ class KafkaServer:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self, reader: Reader, bucket_url: str, *,
-              prove_writes: Callable[[ObjectStore], object] | None = None) -> None:
+              prove_writes: Callable[[ObjectStore], object] | None = None,
+              security: SecurityView | None = None) -> None:
         """Serve with `reader`; committed offsets go to the bucket through its store, once
-        `prove_writes(store)` (the conditional-write probe) passed."""
+        `prove_writes(store)` (the conditional-write probe) passed. `security`: the bucket's
+        users and ACLs when clients authenticate (one is made on the reader's store when
+        needed and not given)."""
         c = self.config
+        self._guard = self._make_guard(reader, security)
         groups = GroupCoordinator(GroupSettings(
             initial_delay_s=c.group_initial_rebalance_delay_ms / 1000,
             min_session_timeout_s=c.group_min_session_timeout_ms / 1000,
@@ -150,13 +160,28 @@ class KafkaServer:
         host, port = self.advertised
         self.services = Services(
             reader, Catalog(reader, clock=self._clock), groups, Node(NODE_ID, host, port),
-            topic_id_to_str(uuid.uuid5(_CLUSTER_NAMESPACE, bucket_url)), clock=self._clock)
+            topic_id_to_str(uuid.uuid5(_CLUSTER_NAMESPACE, bucket_url)), clock=self._clock,
+            guard=self._guard)
         groups.start()
         self._accepting = threading.Thread(target=self._accept_loop, name="tiered-kafka",
                                            daemon=True)
         self._accepting.start()
         log.info("Kafka endpoint on %s%s (advertised as %s:%d), read-only", self.listen_address,
                  " (TLS)" if self._ssl else "", host, port)
+
+    def _make_guard(self, reader: Reader, view: SecurityView | None) -> Guard:
+        """Who must authenticate and the ACLs (docs/security.md); open without security."""
+        security = self.config.security
+        if not security.authenticates:
+            return Guard.open()
+        if view is None:
+            from tiered.app.authz import Policy
+            from tiered.app.security_view import SecurityView
+
+            view = self._own_view = SecurityView(reader.store, Policy(
+                frozenset(security.super_users), security.allow_everyone_if_no_acl))
+            view.start()
+        return Guard(security, view, tls=self._ssl is not None)
 
     def stop(self) -> None:
         """Stop accepting, end every connection (requests in flight finish, waits end
@@ -190,6 +215,9 @@ class KafkaServer:
             for thread in left:
                 thread.join(1.0)
         self._sock.close()
+        if self._own_view is not None:
+            self._own_view.stop()
+            self._own_view = None
 
     # -- connections ---------------------------------------------------------------------
 
@@ -245,6 +273,7 @@ class KafkaServer:
                 sock = self._ssl.wrap_socket(sock, server_side=True)
                 with self._lock:
                     self._conns[conn_id] = sock
+            svc.guard.on_connect(conn.auth, sock)
             while not svc.stopping.is_set():
                 frame = self._read_frame(sock)
                 if frame is None:
@@ -257,6 +286,8 @@ class KafkaServer:
                     reply.close()
                 with self._lock:
                     self._stats.bytes_sent += reply.size
+                if conn.auth.closing:  # a failed authentication: answered, then closed
+                    break
         except MalformedRequest as exc:
             with self._lock:
                 self._stats.closed_bad_requests += 1
@@ -300,6 +331,8 @@ class KafkaServer:
         return frame
 
     def _answer(self, svc: Services, conn: Connection, frame: bytes) -> Reply:
+        if conn.auth.raw_tokens:  # after SaslHandshake v0: a bare SASL token
+            return raw_token(svc, conn, frame)
         key, version, correlation_id = peek_header(frame)
         api = APIS.get(key)
         if api is None:
@@ -309,6 +342,7 @@ class KafkaServer:
                 return Reply([unsupported_api_versions(correlation_id)])
             raise MalformedRequest(f"{api.name} v{version} is not served (versions "
                                    f"{api.min_version}..{api.max_version})")
+        svc.guard.admit(conn.auth, key)
         request = parse_request(frame)
         log.debug("kafka: %s v%d from %s (client %r)", api.name, version, conn.peer_host,
                   request.client_id)
@@ -349,4 +383,16 @@ def _ssl_context(config: KafkaConfig) -> ssl.SSLContext:
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"[kafka] tls_cert / tls_key: cannot load {config.tls_cert} with "
                           f"{config.tls_key}: {exc}") from None
+    if config.security.tls_client_ca is not None:
+        require_client_certificates(context, config.security.tls_client_ca,
+                                    "[kafka] tls_client_ca")
     return context
+
+
+def require_client_certificates(context: ssl.SSLContext, ca: Path, key: str) -> None:
+    """Mutual TLS: the handshake fails without a client certificate signed by `ca`."""
+    try:
+        context.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"{key}: cannot load {ca}: {exc}") from None
+    context.verify_mode = ssl.CERT_REQUIRED

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,6 +37,9 @@ Response = tuple[int, Mapping[str, str], bytes | Pieces]
 #: `route(method, path, query)`: `path` still percent-encoded and without the query string,
 #: `query` as `urllib.parse.parse_qs` returns it (blank values kept)
 Route = Callable[[str, str, Mapping[str, Sequence[str]]], Response]
+#: `guard(path, authorization header, peer_host)`: None to serve the request, else the
+#: refusal to send
+Guard = Callable[[str, str | None, str], Response | None]
 
 _TEXT = "text/plain; charset=utf-8"
 #: the last Date header formatted: (Unix second, text)
@@ -90,7 +94,17 @@ class _Handler(BaseHTTPRequestHandler):
         except (TimeoutError, ConnectionError) as exc:
             log.debug("client went away during %s %s: %s", method, path, exc)
 
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):  # TLS: the handshake on this thread
+            self.connection.do_handshake()
+
     def _answer(self, method: str, path: str, query: str) -> Response:
+        guard = self.server.guard
+        if guard is not None:  # [http] auth (docs/security.md)
+            refused = guard(path, self.headers.get("Authorization"), str(self.client_address[0]))
+            if refused is not None:
+                return refused
         for prefix, route in self.server.routes.items():
             if path.startswith(prefix):
                 return route(method, path, parse_qs(query, keep_blank_values=True))
@@ -152,15 +166,24 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(
         self, address: tuple[str, int], registry: CollectorRegistry, health: Callable[[], Health],
-        routes: Mapping[str, Route],
+        routes: Mapping[str, Route], *, ssl_context: ssl.SSLContext | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.registry = registry
         self.health = health
         self.routes = routes
+        self.guard = guard
         self._inflight = 0
         self.stopping = False
         self._idle = threading.Condition()
         super().__init__(address, _Handler)
+        if ssl_context is not None:
+            self.socket = ssl_context.wrap_socket(self.socket, server_side=True,
+                                                  do_handshake_on_connect=False)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A failed TLS handshake or a reset is the client's affair: logged, no traceback."""
+        log.debug("http: request from %s failed", client_address[0], exc_info=True)
 
     @contextlib.contextmanager
     def request(self) -> Iterator[None]:
@@ -194,8 +217,11 @@ class MetricsServer:
     def __init__(
         self, host: str, port: int, registry: CollectorRegistry, health: Callable[[], Health],
         routes: Mapping[str, Route] | None = None, *, drain_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None, guard: Guard | None = None,
     ) -> None:
-        self._server = _Server((host, port), registry, health, dict(routes or {}))
+        self._server = _Server((host, port), registry, health, dict(routes or {}),
+                               ssl_context=ssl_context, guard=guard)
+        self._tls = ssl_context is not None
         self._drain_s = drain_s
         self._thread: threading.Thread | None = None
 
@@ -209,7 +235,7 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> None:
         self._thread = threading.Thread(

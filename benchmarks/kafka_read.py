@@ -93,11 +93,54 @@ def write_log(log_dir: Path, size: int, segment: int) -> tuple[list[Path], int]:
     return closed, end
 
 
+#: with --scram: the user the consumers authenticate as (docs/security.md), and their settings
+SCRAM_USER = "bench"
+SCRAM_PASSWORD = uuid.uuid4().hex
+CONFLUENT_AUTH: dict[str, Any] = {}
+KAFKA_PYTHON_AUTH: dict[str, Any] = {}
+
+
+def use_scram(config: Any) -> None:
+    """Create the user and its ACLs in the bucket; consumers then authenticate with
+    SCRAM-SHA-512 and every request is checked against the ACLs."""
+    from manifests.security import (
+        Acl,
+        Operation,
+        PatternType,
+        Permission,
+        ResourceType,
+        User,
+        add_acl,
+        make_credential,
+        put_user,
+    )
+    from tiered.store import open_store
+
+    with open_store(config.store_settings()) as store:
+        put_user(store, User(SCRAM_USER, {"SCRAM-SHA-512": make_credential(
+            SCRAM_PASSWORD, "SCRAM-SHA-512")}))
+        principal = f"User:{SCRAM_USER}"
+        add_acl(store, Acl(principal, ResourceType.TOPIC, PatternType.LITERAL, TOPIC,
+                           Operation.READ, Permission.ALLOW))
+        add_acl(store, Acl(principal, ResourceType.GROUP, PatternType.PREFIXED, "bench-",
+                           Operation.READ, Permission.ALLOW))
+    CONFLUENT_AUTH.update({"security.protocol": "SASL_PLAINTEXT",
+                           "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": SCRAM_USER,
+                           "sasl.password": SCRAM_PASSWORD})
+    KAFKA_PYTHON_AUTH.update({"security_protocol": "SASL_PLAINTEXT",
+                              "sasl_mechanism": "SCRAM-SHA-512",
+                              "sasl_plain_username": SCRAM_USER,
+                              "sasl_plain_password": SCRAM_PASSWORD})
+
+
 def config_text(work: Path, endpoint: str, port: int, prefetch: int, chunk: int,
-                cache_dir: Path) -> str:
+                cache_dir: Path, scram: bool = False) -> str:
+    kafka = f'[kafka]\nlisten = "127.0.0.1:{port}"'
+    if scram:
+        kafka += '\nsasl_mechanisms = ["SCRAM-SHA-512"]'
     return daemon_config(
         bucket=BUCKET, endpoint=endpoint, log_dir=work / "logs", cache_dir=cache_dir,
-        sections=f'[kafka]\nlisten = "127.0.0.1:{port}"', cluster=textwrap.dedent(f"""\
+        sections=kafka, cluster=textwrap.dedent(f"""\
             cloud_storage_cache_size = {64 * 1024 * MIB}
             cloud_storage_chunk_prefetch = {prefetch}
             cloud_storage_cache_chunk_size = {chunk}
@@ -128,7 +171,7 @@ def confluent_read(port: int, end: int, fetch_bytes: int | None
 
     consumer = confluent_kafka.Consumer({
         "bootstrap.servers": f"127.0.0.1:{port}", "group.id": f"bench-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
+        "enable.auto.commit": False, **CONFLUENT_AUTH,
         **({} if fetch_bytes is None else {"max.partition.fetch.bytes": fetch_bytes})})
     values: list[bytes] = []
     # the client learns the partition's leader before the clock starts, as boto3's client is
@@ -159,7 +202,7 @@ def kafka_python_read(port: int, end: int) -> tuple[int, float, list[bytes]]:
     import kafka
 
     consumer = kafka.KafkaConsumer(bootstrap_servers=f"127.0.0.1:{port}",
-                                   enable_auto_commit=False)
+                                   enable_auto_commit=False, **KAFKA_PYTHON_AUTH)
     tp = kafka.TopicPartition(TOPIC, 0)
     values: list[bytes] = []
     start = time.perf_counter()
@@ -197,6 +240,9 @@ def run(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--fetch-kb", type=int, default=None,
                         help="confluent-kafka's max.partition.fetch.bytes, KiB (default: the "
                              "client's, 1024)")
+    parser.add_argument("--scram", action="store_true",
+                        help="consumers authenticate with SCRAM-SHA-512 and requests are "
+                             "checked against ACLs (docs/security.md)")
     parser.add_argument("--cache-on-disk", action="store_true",
                         help="put the read cache in the work directory, not on tmpfs")
     args = parser.parse_args(argv)
@@ -208,7 +254,7 @@ def run(argv: list[str]) -> dict[str, Any]:
                               "segment_bytes": args.segment_mb * MIB,
                               "batch_bytes": RECORDS_PER_BATCH * RECORD_BYTES,
                               "prefetch_chunks": args.prefetch,
-                              "chunk_bytes": args.chunk_mb * MIB,
+                              "chunk_bytes": args.chunk_mb * MIB, "scram": args.scram,
                               "confluent_partition_fetch_bytes": (
                                   None if args.fetch_kb is None else args.fetch_kb * 1024)}
     _template_bytes, expected_values = _template(7)
@@ -219,11 +265,14 @@ def run(argv: list[str]) -> dict[str, Any]:
             closed, end = write_log(work / "logs", args.size_mb * MIB, args.segment_mb * MIB)
             kafka_port = free_port()
             (work / "tiered.toml").write_text(config_text(
-                work, moto.endpoint, kafka_port, args.prefetch, args.chunk_mb * MIB, cache_dir))
+                work, moto.endpoint, kafka_port, args.prefetch, args.chunk_mb * MIB, cache_dir,
+                scram=args.scram))
             config = parse_config(tomllib.loads((work / "tiered.toml").read_text()),
                                   source="benchmark", base_dir=work)
             progress("archiving it")
             segment_keys = archive_everything(config)
+            if args.scram:
+                use_scram(config)
             archived_end = max(h.next_offset for h in iter_batches(closed[-1].read_bytes()))
             archived_bytes = sum(size for _key, size in segment_keys)
             for path in closed:  # local retention: only the bucket holds them now

@@ -10,6 +10,7 @@
     _tiered/nodes/{node}.json                                               sidecar record
     _tiered/groups/{g}/{group}/offsets.json                               a consumer group's
                                                                              committed offsets
+    _tiered/security/users.json, acls.json                                   users and ACLs
 
 `{h}` is the first 8 hex digits of SHA-256 over `{topic}/{partition}_{revision}`: stable
 across processes and releases (never Python's salted `hash()`), so keys are derivable from
@@ -56,6 +57,11 @@ GROUPS_PREFIX = "_tiered/groups/"
 GROUP_OFFSETS_NAME = "offsets.json"
 #: longest percent-encoded group id in a key: a key component must stay a legal file name
 MAX_GROUP_KEY_LENGTH = 200
+#: users (SCRAM credentials) and ACLs of the Kafka endpoint and the HTTP API, one object each,
+#: changed by compare-and-swap (docs/security.md, "In the bucket")
+SECURITY_PREFIX = "_tiered/security/"
+SECURITY_USERS_KEY = SECURITY_PREFIX + "users.json"
+SECURITY_ACLS_KEY = SECURITY_PREFIX + "acls.json"
 #: file extension of each object kind that travels beside a segment
 INDEX_SUFFIXES: dict[str, str] = {
     "index": ".index",

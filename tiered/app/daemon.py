@@ -57,6 +57,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from tiered.app.health import DaemonState, JobCounters, health_of
+from tiered.app.http_auth import HttpGuard, http_ssl_context, policy_of
 from tiered.app.http_server import HttpServer, Response
 from tiered.app.metrics import (
     ArchiverCollector,
@@ -72,6 +73,7 @@ from tiered.app.scheduler import (
     Waker,
     next_upload_delay,
 )
+from tiered.app.security_view import SecurityView
 from tiered.app.serving import Limits
 from tiered.config.units import format_size
 from tiered.errors import ConfigError, TieredError
@@ -262,13 +264,18 @@ class Daemon:
             ReaderCollector(self._reader_stats),
             KafkaCollector(lambda: None if self.kafka is None else self.kafka.stats()),
         )
+        #: the bucket's users and ACLs while serving, when either API authenticates
+        self.security: SecurityView | None = None
+        self._http_guard: HttpGuard | None = None
+        https = http_ssl_context(config.http)  # a file that does not load stops the start
         try:
             http = config.http
             self.server = HttpServer(
                 self.options.metrics_host, self.options.metrics_port, registry,
                 lambda: health_of(self.state, self._clock(), cache_problem=(
                     None if self.reader is None else self.reader.cache.write_problem)),
-                routes={RECORDS_PREFIX: self._records},
+                routes={RECORDS_PREFIX: self._records}, ssl_context=https,
+                guard=self._check_http if config.http.auth == "basic" else None,
                 limits=Limits(max_connections=http.max_connections,
                               max_connections_per_ip=http.max_connections_per_ip,
                               request_timeout_s=http.request_timeout_ms / 1000,
@@ -334,6 +341,7 @@ class Daemon:
         """Archive and serve HTTP (and Kafka) with `reader` behind `/v1/`; the servers stop
         (requests in flight drained) before the caller closes the reader."""
         self.reader = reader
+        self._start_security(reader)
         self.server.start()
         what = ("a history server (no log dirs)" if self.config.history_server
                 else "archiving " + ", ".join(map(str, self.config.log_dirs)))
@@ -348,7 +356,30 @@ class Daemon:
             if self.kafka is not None:
                 self.kafka.stop()
             self.server.stop()
+            if self.security is not None:
+                self.security.stop()
             self.reader = None
+
+    # --- security (docs/security.md) ---------------------------------------------------------
+
+    def _start_security(self, reader: Reader) -> None:
+        """Read the bucket's users and ACLs, and keep them fresh, when an API authenticates."""
+        kafka = self.config.kafka
+        if self.config.http.auth != "basic" and (kafka is None or
+                                                  not kafka.security.authenticates):
+            return
+        self.security = SecurityView(reader.store, policy_of(self.config))
+        self.security.start()
+        if self.config.http.auth == "basic":
+            self._http_guard = HttpGuard(self.security)
+
+    def _check_http(self, path: str, authorization: str | None, peer: str) -> Response | None:
+        guard = self._http_guard
+        if guard is None:  # a request outside serving: nothing to check it against
+            body = json.dumps({"error": "KAFKA_STORAGE_ERROR",
+                               "message": "the daemon is not serving right now"})
+            return 503, {"Content-Type": "application/json"}, body.encode()
+        return guard.check(path, authorization, peer)
 
     # --- the Kafka endpoint (docs/kafka-api.md) ---------------------------------------------
 
@@ -368,7 +399,8 @@ class Daemon:
     def _start_kafka(self, kafka: KafkaServer, reader: Reader) -> None:
         from tiered.store import probe_conditional_writes
 
-        kafka.start(reader, self.config.storage.url, prove_writes=probe_conditional_writes)
+        kafka.start(reader, self.config.storage.url, prove_writes=probe_conditional_writes,
+                    security=self.security)
 
     def _records(self, method: str, path: str, query: Mapping[str, Sequence[str]]) -> Response:
         """The `/v1/` route (HTTP threads): `tiered.app.http_api.handle_records` on the reader."""

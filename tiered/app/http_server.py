@@ -15,6 +15,7 @@ import dataclasses
 import io
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ Response = tuple[int, Mapping[str, str], bytes | Pieces]
 #: `route(method, path, query)`: `path` still percent-encoded and without the query string,
 #: `query` as `urllib.parse.parse_qs` returns it (blank values kept)
 Route = Callable[[str, str, Mapping[str, Sequence[str]]], Response]
+#: `guard(path, authorization header, peer_host)`: None to serve the request, else the
+#: refusal to send
+Guard = Callable[[str, str | None, str], Response | None]
 
 _TEXT = "text/plain; charset=utf-8"
 #: the last Date header formatted: (Unix second, text)
@@ -54,6 +58,8 @@ class _Sources:
     registry: CollectorRegistry
     health: Callable[[], Health]
     routes: Mapping[str, Route]
+    #: [http] auth's check of each request (docs/security.md); None: open
+    guard: Guard | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -120,6 +126,11 @@ class _Handler(BaseHTTPRequestHandler):
             log.debug("client went away during %s %s: %s", method, path, exc)
 
     def _answer(self, method: str, path: str, query: str) -> Response:
+        guard = self.sources.guard
+        if guard is not None:  # [http] auth (docs/security.md)
+            refused = guard(path, self.headers.get("Authorization"), self.client.peer_host)
+            if refused is not None:
+                return refused
         for prefix, route in self.sources.routes.items():
             if path.startswith(prefix):
                 return route(method, path, parse_qs(query, keep_blank_values=True))
@@ -193,13 +204,16 @@ class HttpServer:
     def __init__(
         self, host: str, port: int, registry: CollectorRegistry, health: Callable[[], Health],
         routes: Mapping[str, Route] | None = None, *, limits: Limits | None = None,
-        drain_s: float = 10.0,
+        drain_s: float = 10.0, ssl_context: ssl.SSLContext | None = None,
+        guard: Guard | None = None,
     ) -> None:
         limits = limits or Limits(idle_timeout_s=60.0)
-        sources = _Sources(registry, health, dict(routes or {}))
+        sources = _Sources(registry, health, dict(routes or {}), guard)
+        self._tls = ssl_context is not None
         self._server = ConnectionServer(
             "http", host, port, dataclasses.replace(limits, drain_s=drain_s),
-            lambda client: _serve(client, sources), section="[http]", log=log)
+            lambda client: _serve(client, sources), section="[http]", tls=ssl_context,
+            log=log)
 
     @property
     def host(self) -> str:
@@ -212,7 +226,8 @@ class HttpServer:
     @property
     def url(self) -> str:
         host = self.host
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        scheme = "https" if self._tls else "http"
+        return f"{scheme}://[{host}]:{self.port}" if ":" in host else f"{scheme}://{host}:{self.port}"
 
     def stats(self) -> dict[str, int]:
         """The server base's connection counts (`ConnectionServer.stats`)."""

@@ -108,8 +108,9 @@ def run_command(config_path: Path, metrics_host: str, metrics_port: int) -> None
     Kafka endpoint too. With [log] dirs = [] it archives nothing and serves the bucket alone
     (a history server). The first SIGTERM finishes the current step and exits 0.
 
-    The HTTP port has no authentication and serves record data: keep --metrics-host on
-    loopback (the default) unless a proxy in front of it controls access.
+    Without an [http] section the HTTP port has no authentication and serves record data:
+    keep --metrics-host on loopback (the default), or set [http] auth = "basic" with TLS
+    (docs/security.md).
     """
     from tiered.app.daemon import Daemon, DaemonOptions
 

@@ -21,6 +21,8 @@ from tiered.cli.options import ErrorGroup, setup_logging
 #: not load boto3, and only merge, recover and scrub load Spark. The short help is repeated
 #: here so `tiered --help` need not import anything; a test keeps it equal to each command's.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "acl": ("tiered.cli.security:acl_group",
+        "Add, list and remove ACLs (Kafka's model) in the bucket."),
     "archive": ("tiered.cli.commands:archive_command",
         "One full archiving pass: upload every eligible segment, commit manifests, apply "
         "remote and local retention, collect garbage."),
@@ -51,6 +53,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scrub": ("tiered.cli.spark:scrub_command",
         "Check every object the manifests name: present, right size and checksum, batch "
         "CRCs intact; find gaps, overlaps and orphans."),
+    "users": ("tiered.cli.security:users_group",
+        "Create, list and delete the users of the Kafka endpoint and HTTP API (SCRAM keys)."),
 }
 
 

@@ -3,6 +3,7 @@
 endpoint"). Where it listens stays on the command line (`--metrics-host`, `--metrics-port`).
 
     [http]
+    auth = "basic"                   # with tls_cert / tls_key (docs/security.md)
     max_connections = 1000
     max_connections_per_ip = 2147483647
     request_timeout_ms = "30s"
@@ -16,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from tiered.config.security import HTTP_SECURITY_KEYS, http_security_fields
 from tiered.config.units import UnitError, describe, parse_duration_ms, parse_int
 
 __all__ = ["HTTP_KEYS", "HttpConfig", "parse_http"]
@@ -36,6 +39,16 @@ class HttpConfig:
     request_timeout_ms: int = 30_000
     #: a keep-alive connection with no request for this long is closed
     idle_timeout_ms: int = 60_000
+    #: "basic": the records API and /metrics need a user and an ACL (docs/security.md)
+    auth: str = "none"
+    #: PEM files: HTTPS, and with a client CA mutual TLS
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
 
 #: key -> (parser, smallest allowed value)
@@ -45,19 +58,21 @@ _NUMBERS: dict[str, tuple[Callable[[object], int], int]] = {
     "request_timeout_ms": (parse_duration_ms, 1000),
     "idle_timeout_ms": (parse_duration_ms, 1000),
 }
-HTTP_KEYS: tuple[str, ...] = tuple(_NUMBERS)
+HTTP_KEYS: tuple[str, ...] = (*_NUMBERS, *HTTP_SECURITY_KEYS)
 
 
-def parse_http(table: object, add: Callable[[str, str], None]) -> HttpConfig:
-    """The `[http]` section (defaults without one); each problem goes to
-    `add("[http] key", message)`."""
+def parse_http(table: object, base: Path, add: Callable[[str, str], None]) -> HttpConfig:
+    """The `[http]` section (defaults without one; relative paths against `base`); each
+    problem goes to `add("[http] key", message)`."""
     if table is None:
         return HttpConfig()
     if not isinstance(table, Mapping):
         add("[http]", f"must be a table (an [http] section), got {describe(table)}")
         return HttpConfig()
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = http_security_fields(table, base, add)
     for key, raw in table.items():
+        if key in HTTP_SECURITY_KEYS:
+            continue
         if key not in _NUMBERS:
             add(f"[http] {key}", _unknown(key))
             continue

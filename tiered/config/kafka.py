@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tiered.config.security import KAFKA_SECURITY_KEYS, KafkaSecurity, parse_kafka_security
 from tiered.config.units import (
     UnitError,
     describe,
@@ -99,6 +100,8 @@ class KafkaConfig:
     #: connections from one address; Kafka's max.connections.per.ip default: no limit but
     #: max_connections (on loopback every client is 127.0.0.1)
     max_connections_per_ip: int = 2**31 - 1
+    #: SASL, mutual TLS and ACL settings (tiered.config.security; docs/security.md)
+    security: KafkaSecurity = KafkaSecurity()
 
     @property
     def tls(self) -> bool:
@@ -131,7 +134,8 @@ KAFKA_ALIASES: dict[str, str] = {
     "offsets.retention.minutes": "offsets_retention_minutes",
     "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
 }
-KAFKA_KEYS: tuple[str, ...] = ("listen", "advertised", "tls_cert", "tls_key", *_NUMBERS)
+KAFKA_KEYS: tuple[str, ...] = ("listen", "advertised", "tls_cert", "tls_key", *_NUMBERS,
+                               *KAFKA_SECURITY_KEYS)
 
 
 def parse_address(text: object, *, default_host: str | None, min_port: int) -> tuple[str, int]:
@@ -223,6 +227,12 @@ def parse_kafka(table: object, base: Path, add: Callable[[str, str], None]
         numbers[key] = value
     if tls is None:
         ok = False
+    # security keys (docs/security.md): parsed on their own, PLAIN needs to know about TLS
+    security = parse_kafka_security(table, base, add, tls=tls is not None and tls[0] is not None)
+    if security is None:
+        ok = False
+    else:
+        numbers["security"] = security
     if not ok:
         return None
     adv_host, adv_port = advertised if advertised is not None else (None, None)

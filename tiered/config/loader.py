@@ -224,7 +224,7 @@ def parse_config(data: Mapping[str, Any], *, source: str, base_dir: Path | None 
     history_server = "dirs" in log_table and log_dirs == ()
 
     kafka = parse_kafka(data.get("kafka"), base, problems.add)
-    http = parse_http(data.get("http"), problems.add)
+    http = parse_http(data.get("http"), base, problems.add)
 
     cache_dir_text = _string(_section(data, "cache", problems), "cache", "dir", problems)
     cache_dir = _path(cache_dir_text, base) if cache_dir_text else _default_cache_dir(storage.url)

@@ -187,7 +187,7 @@ class Config:
     #: `[log] dirs = []` given explicitly: no local log at all, `tiered run` serves the bucket
     #: alone (a history server); other commands still need log dirs
     history_server: bool = False
-    #: the limits of `tiered run`'s HTTP server ([http])
+    #: the HTTP server's limits, authentication and TLS ([http]; docs/security.md)
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def node_id(self) -> str:
@@ -282,7 +282,10 @@ class Config:
             "cache": {"dir": str(self.cache_dir)},
             "node": {"id": self.node_id()},
             **({} if self.kafka is None else {"kafka": _kafka_effective(self.kafka)}),
-            "http": asdict(self.http),
+            "http": {**{k: v for k, v in asdict(self.http).items()
+                        if k not in ("tls_cert", "tls_key", "tls_client_ca")},
+                     **{k: _plain_path(getattr(self.http, k))
+                        for k in ("tls_cert", "tls_key", "tls_client_ca")}},
             "cluster": {
                 p.name: _render(p.name, "cluster", self.cluster[p.name], mask_secrets)
                 for p in CLUSTER
@@ -323,7 +326,23 @@ def _kafka_effective(k: KafkaConfig) -> dict[str, Any]:
         "max_partitions_per_fetch": k.max_partitions_per_fetch,
         "request_timeout_ms": k.request_timeout_ms,
         "max_connections_per_ip": k.max_connections_per_ip,
+        **_security_effective(k),
     }
+
+
+def _plain_path(path: Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _security_effective(k: KafkaConfig) -> dict[str, Any]:
+    s = k.security
+    return {"sasl_mechanisms": list(s.sasl_mechanisms),
+            "allow_plaintext_sasl": s.allow_plaintext_sasl,
+            "tls_client_ca": _plain_path(s.tls_client_ca),
+            "tls_principal_rule": [r.pattern.pattern if r.pattern else "DEFAULT"
+                                   for r in s.tls_principal_rules],
+            "allow_everyone_if_no_acl": s.allow_everyone_if_no_acl,
+            "super_users": list(s.super_users), "session_lifetime_ms": s.session_lifetime_ms}
 
 
 def _plain(value: str | None) -> str | None:

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from tiered.app.kafka_api.acls import (
+    handle_create_acls,
+    handle_delete_acls,
+    handle_describe_acls,
+)
 from tiered.app.kafka_api.context import Connection, Services
 from tiered.app.kafka_api.fetch import handle_fetch
 from tiered.app.kafka_api.groups import (
@@ -36,6 +41,7 @@ from tiered.app.kafka_api.metadata import (
     handle_metadata,
 )
 from tiered.app.kafka_api.readonly import READ_ONLY_APIS
+from tiered.app.kafka_api.sasl import handle_sasl_authenticate, handle_sasl_handshake
 from tiered.app.kafka_api.wire import Reply, Request, encode_response
 
 __all__ = ["API_VERSIONS", "APIS", "Api", "unsupported_api_versions"]
@@ -89,6 +95,7 @@ APIS: dict[int, Api] = {a.key: a for a in (
     Api(14, "SyncGroup", 0, 5, handle_sync_group),
     Api(15, "DescribeGroups", 0, 6, handle_describe_groups),
     Api(16, "ListGroups", 0, 5, handle_list_groups),
+    Api(17, "SaslHandshake", 0, 1, handle_sasl_handshake),
     Api(18, "ApiVersions", 0, 4, _handle_api_versions),
     Api(19, "CreateTopics", 2, 7, READ_ONLY_APIS[19]),
     Api(20, "DeleteTopics", 1, 6, READ_ONLY_APIS[20]),
@@ -98,7 +105,11 @@ APIS: dict[int, Api] = {a.key: a for a in (
     Api(25, "AddOffsetsToTxn", 0, 4, READ_ONLY_APIS[25]),
     Api(26, "EndTxn", 0, 5, READ_ONLY_APIS[26]),
     Api(28, "TxnOffsetCommit", 0, 5, READ_ONLY_APIS[28]),
+    Api(29, "DescribeAcls", 1, 3, handle_describe_acls),
+    Api(30, "CreateAcls", 1, 3, handle_create_acls),
+    Api(31, "DeleteAcls", 1, 3, handle_delete_acls),
     Api(33, "AlterConfigs", 0, 2, READ_ONLY_APIS[33]),
+    Api(36, "SaslAuthenticate", 0, 2, handle_sasl_authenticate),
     Api(37, "CreatePartitions", 0, 3, READ_ONLY_APIS[37]),
     Api(42, "DeleteGroups", 0, 2, handle_delete_groups),
     Api(44, "IncrementalAlterConfigs", 0, 1, READ_ONLY_APIS[44]),

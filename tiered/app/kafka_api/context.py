@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from kio.schema.errors import ErrorCode
 
 from cache.reader import InvalidRequest, UnknownPartition
+from tiered.app.kafka_api.auth import ConnectionAuth, Guard
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class Services:
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     fetch_limits: FetchLimits = field(default_factory=FetchLimits)
+    #: authentication and ACLs (docs/security.md); open when security is not configured
+    guard: Guard = field(default_factory=Guard.open)
 
 
 @dataclass
@@ -77,6 +80,8 @@ class Connection:
     sessions: set[Hashable] = field(default_factory=set)
     #: where the next Fetch naming more partitions than it may read starts reading them
     fetch_cursor: int = 0
+    #: who the client is and its SASL state (docs/security.md)
+    auth: ConnectionAuth = field(default_factory=ConnectionAuth)
 
     def session(self, topic: str, partition: int) -> Hashable:
         """The read-cache session of this connection's reads of one partition: a Kafka

@@ -41,6 +41,7 @@ from kio.schema.errors import ErrorCode
 
 from cache.pieces import FilePiece, Pieces
 from cache.reader import FetchedPieces, InvalidRequest, UnknownPartition
+from manifests.security import Operation
 from tiered.app.kafka_api.context import Connection, FetchLimits, Services, error_code_of
 from tiered.app.kafka_api.messages import build, nested, response_class
 from tiered.app.kafka_api.wire import Reply, Request, new_marker
@@ -161,6 +162,9 @@ def _read_all(svc: Services, conn: Connection, body: Any, limits: FetchLimits,
             continue
         if out.name is None:
             out.error, errors = ErrorCode.unknown_topic_id, True
+            continue
+        if not svc.guard.topic(conn, Operation.READ, out.name):
+            out.error, errors = ErrorCode.topic_authorization_failed, True
             continue
         limit = min(max(0, out.max_bytes), budget - total)
         if files >= limits.max_chunk_files:

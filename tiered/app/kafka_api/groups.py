@@ -40,6 +40,7 @@ from manifests.group_offsets import (
     iter_group_objects,
     load_group_offsets,
 )
+from manifests.security import Operation
 from tiered.app.kafka_api.context import Connection, Services
 from tiered.app.kafka_api.coordinator import (
     GroupDescription,
@@ -384,6 +385,15 @@ def _group_error(group_id: str) -> ErrorCode | None:
     return None
 
 
+def _refused(svc: Services, conn: Connection, group_id: str,
+             operation: Operation = Operation.READ) -> ErrorCode | None:
+    """GROUP_AUTHORIZATION_FAILED when the connection's principal may not do `operation` on
+    the group (docs/security.md)."""
+    if svc.guard.group(conn, operation, group_id):
+        return None
+    return ErrorCode.group_authorization_failed
+
+
 def _store_error(exc: TieredError, what: str) -> ErrorCode:
     """Kafka's code for committed offsets the bucket could not read or write."""
     if isinstance(exc, AccessDenied):
@@ -400,7 +410,7 @@ def _store_error(exc: TieredError, what: str) -> ErrorCode:
 def handle_join_group(svc: Services, conn: Connection, req: Request) -> Reply:
     body, v = req.body, req.api_version
     cls = response_class(JOIN_GROUP, v)
-    error = _group_error(body.group_id)
+    error = _group_error(body.group_id) or _refused(svc, conn, body.group_id)
     if error is not None:
         result = JoinResult(error, body.member_id)
     else:
@@ -425,7 +435,7 @@ def handle_join_group(svc: Services, conn: Connection, req: Request) -> Reply:
 def handle_sync_group(svc: Services, conn: Connection, req: Request) -> Reply:
     body = req.body
     cls = response_class(SYNC_GROUP, req.api_version)
-    error = _group_error(body.group_id)
+    error = _group_error(body.group_id) or _refused(svc, conn, body.group_id)
     if error is not None:
         result = SyncResult(error)
     else:
@@ -439,8 +449,8 @@ def handle_sync_group(svc: Services, conn: Connection, req: Request) -> Reply:
 
 def handle_heartbeat(svc: Services, conn: Connection, req: Request) -> Reply:
     body = req.body
-    error = _group_error(body.group_id) or svc.groups.heartbeat(
-        body.group_id, body.member_id, body.generation_id)
+    error = (_group_error(body.group_id) or _refused(svc, conn, body.group_id)
+             or svc.groups.heartbeat(body.group_id, body.member_id, body.generation_id))
     return Reply.of(req.correlation_id, build(response_class(HEARTBEAT, req.api_version),
                                               throttle_time=ZERO, error_code=error))
 
@@ -448,7 +458,7 @@ def handle_heartbeat(svc: Services, conn: Connection, req: Request) -> Reply:
 def handle_leave_group(svc: Services, conn: Connection, req: Request) -> Reply:
     body, v = req.body, req.api_version
     cls = response_class(LEAVE_GROUP, v)
-    bad = _group_error(body.group_id)
+    bad = _group_error(body.group_id) or _refused(svc, conn, body.group_id)
     if v < 3:
         error = bad or svc.groups.leave(body.group_id, body.member_id)
         return Reply.of(req.correlation_id, build(cls, throttle_time=ZERO, error_code=error))
@@ -480,7 +490,8 @@ def handle_offset_commit(svc: Services, conn: Connection, req: Request) -> Reply
     generation = getattr(body, "generation_id_or_member_epoch", None)
     if generation is None:
         generation = body.generation_id
-    error = _group_error(group) or svc.groups.check_commit(group, body.member_id, generation)
+    error = (_group_error(group) or _refused(svc, conn, group)
+             or svc.groups.check_commit(group, body.member_id, generation))
     now_ms = int(svc.wall_clock() * 1000)
     max_metadata = svc.groups.limits.metadata_max_chars
     results: dict[tuple[str, int], ErrorCode] = {}
@@ -488,7 +499,9 @@ def handle_offset_commit(svc: Services, conn: Connection, req: Request) -> Reply
     counts: dict[str, int | None | ErrorCode] = {}  # topic -> partitions served, or why not
     for t in body.topics:
         if error is ErrorCode.none and t.name not in counts:
-            counts[t.name] = _topic_partitions(svc, t.name)
+            counts[t.name] = (_topic_partitions(svc, t.name)
+                              if svc.guard.topic(conn, Operation.READ, t.name)
+                              else ErrorCode.topic_authorization_failed)
         count = counts.get(t.name)
         for p in t.partitions:
             tp = (t.name, p.partition_index)
@@ -551,21 +564,21 @@ def handle_offset_fetch(svc: Services, conn: Connection, req: Request) -> Reply:
     body, v = req.body, req.api_version
     cls = response_class(OFFSET_FETCH, v)
     if v >= 8:
-        groups = tuple(_group_answer(svc, cls, g.group_id, g.topics, grouped=True)
+        groups = tuple(_group_answer(svc, conn, cls, g.group_id, g.topics, grouped=True)
                        for g in body.groups)
         return Reply.of(req.correlation_id, build(cls, throttle_time=ZERO, groups=groups))
-    answer = _group_answer(svc, cls, body.group_id, body.topics, grouped=False)
+    answer = _group_answer(svc, conn, cls, body.group_id, body.topics, grouped=False)
     return Reply.of(req.correlation_id, build(cls, throttle_time=ZERO, **answer))
 
 
-def _group_answer(svc: Services, cls: type[Any], group: str, wanted: Any, *, grouped: bool
-                  ) -> Any:
+def _group_answer(svc: Services, conn: Connection, cls: type[Any], group: str, wanted: Any, *,
+                  grouped: bool) -> Any:
     """One group's committed offsets: those asked for (-1 where nothing was committed), or
     every one when `wanted` is null."""
     suffix = "s" if grouped else ""
     topic_cls = nested(cls, "OffsetFetchResponseTopic" + suffix)
     part_cls = nested(cls, "OffsetFetchResponsePartition" + suffix)
-    error = _group_error(group)
+    error = _group_error(group) or _refused(svc, conn, group)
     committed: Mapping[tuple[str, int], CommittedOffset] = {}
     if error is None:
         try:
@@ -626,7 +639,7 @@ def handle_describe_groups(svc: Services, conn: Connection, req: Request) -> Rep
     listed: set[str] | None = None
     groups = []
     for group_id in req.body.groups:
-        error = _group_error(group_id)
+        error = _group_error(group_id) or _refused(svc, conn, group_id, Operation.DESCRIBE)
         known = None if error is not None else svc.groups.describe(group_id)
         state = GroupState.EMPTY.value
         if error is None and known is None:
@@ -662,6 +675,7 @@ def handle_list_groups(svc: Services, conn: Connection, req: Request) -> Reply:
         error = _store_error(exc, "ListGroups")
     for d in svc.groups.in_memory():
         found[d.group_id] = (d.state.value, d.protocol_type)
+    found = {g: v for g, v in found.items() if svc.guard.group(conn, Operation.DESCRIBE, g)}
     states = {s.lower() for s in getattr(body, "states_filter", ())}
     types = {t.lower() for t in getattr(body, "types_filter", ())}
     if types and CLASSIC not in types:
@@ -680,7 +694,7 @@ def handle_delete_groups(svc: Services, conn: Connection, req: Request) -> Reply
     result_cls = nested(cls, "DeletableGroupResult")
     results = []
     for group_id in req.body.groups_names:
-        error = _group_error(group_id)
+        error = _group_error(group_id) or _refused(svc, conn, group_id, Operation.DELETE)
         if error is None:
             try:
                 error = svc.groups.delete_group(group_id)
@@ -694,7 +708,7 @@ def handle_offset_delete(svc: Services, conn: Connection, req: Request) -> Reply
     body = req.body
     cls = response_class(OFFSET_DELETE, req.api_version)
     asked = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
-    error = _group_error(body.group_id)
+    error = _group_error(body.group_id) or _refused(svc, conn, body.group_id, Operation.DELETE)
     per_partition: dict[TopicPartitionKey, ErrorCode] = {}
     if error is None:
         try:

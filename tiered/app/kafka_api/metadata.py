@@ -9,6 +9,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from manifests.security import Operation
 from tiered.app.kafka_api.catalog import Topic
 from tiered.app.kafka_api.context import READ_ONLY, Connection, Services, error_code_of, log
 from tiered.app.kafka_api.messages import build, nested, response_class
@@ -34,13 +35,17 @@ def handle_metadata(svc: Services, conn: Connection, req: Request) -> Reply:
     wanted = req.body.topics
     topics: list[Any] = []
     if wanted is None or (v == 0 and not wanted):
-        topics = [_topic_entry(cls, svc, t) for t in svc.catalog.topics()]
+        topics = [_topic_entry(cls, svc, t) for t in svc.catalog.topics()
+                  if svc.guard.topic(conn, Operation.DESCRIBE, t.name)]
     else:
         for asked in wanted:
             name = asked.name
             topic_id = getattr(asked, "topic_id", None)
             if name is None and topic_id is not None:
                 name = svc.catalog.name_of(topic_id)
+            if name is not None and not svc.guard.topic(conn, Operation.DESCRIBE, name):
+                topics.append(_denied(cls, name, topic_id))
+                continue
             topics.append(_lookup(cls, svc, name, topic_id))
     node = svc.node
     broker = build(nested(cls, "MetadataResponseBroker"), node_id=node.node_id, host=node.host,
@@ -49,6 +54,14 @@ def handle_metadata(svc: Services, conn: Connection, req: Request) -> Reply:
         cls, throttle_time=ZERO, brokers=(broker,), cluster_id=svc.cluster_id,
         controller_id=node.node_id, topics=tuple(topics),
         cluster_authorized_operations=NO_OPERATIONS))
+
+
+def _denied(cls: type[Any], name: str, topic_id: Any) -> Any:
+    """A topic the principal may not describe: Kafka's answer, whether it exists or not."""
+    fields = {} if topic_id is None else {"topic_id": topic_id}
+    return build(nested(cls, "MetadataResponseTopic"),
+                 error_code=ErrorCode.topic_authorization_failed, name=name,
+                 topic_authorized_operations=NO_OPERATIONS, **fields)
 
 
 def _lookup(cls: type[Any], svc: Services, name: str | None, topic_id: Any) -> Any:
@@ -119,10 +132,15 @@ def handle_list_offsets(svc: Services, conn: Connection, req: Request) -> Reply:
     topics = []
     for t in req.body.topics:
         parts = []
+        allowed = svc.guard.topic(conn, Operation.READ, t.name)
         for p in t.partitions:
             fields: dict[str, Any] = {"partition_index": p.partition_index,
                                       "error_code": ErrorCode.none, "timestamp": NO_TIMESTAMP,
                                       "offset": -1, "leader_epoch": -1}
+            if not allowed:
+                fields["error_code"] = ErrorCode.topic_authorization_failed
+                parts.append(build(part_cls, **fields))
+                continue
             try:
                 if p.timestamp == EARLIEST:
                     fields["offset"] = reader.earliest_offset(t.name, p.partition_index)

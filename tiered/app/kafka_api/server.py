@@ -33,14 +33,17 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tiered.app.kafka_api.apis import API_VERSIONS, APIS, unsupported_api_versions
+from tiered.app.kafka_api.auth import Guard
 from tiered.app.kafka_api.catalog import Catalog
 from tiered.app.kafka_api.context import Connection, FetchLimits, Node, Services
 from tiered.app.kafka_api.coordinator import GroupSettings
 from tiered.app.kafka_api.groups import GroupCoordinator, OffsetLimits
 from tiered.app.kafka_api.ratelog import OncePerKey
+from tiered.app.kafka_api.sasl import raw_token
 from tiered.app.kafka_api.wire import (
     FRAME_SIZE,
     MalformedRequest,
@@ -54,6 +57,7 @@ from tiered.kafka.checkpoints import topic_id_to_str
 
 if TYPE_CHECKING:
     from cache.reader import Reader
+    from tiered.app.security_view import SecurityView
     from tiered.config.kafka import KafkaConfig
     from tiered.store.base import ObjectStore
 
@@ -112,6 +116,8 @@ class KafkaServer:
         self._stats = KafkaStats()
         self._bad_request_log = OncePerKey(BAD_REQUEST_LOG_S, clock=clock)
         self.services: Services | None = None
+        self._guard = Guard.open()
+        self._own_view: SecurityView | None = None
 
     @property
     def port(self) -> int:
@@ -138,10 +144,14 @@ class KafkaServer:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self, reader: Reader, bucket_url: str, *,
-              prove_writes: Callable[[ObjectStore], object] | None = None) -> None:
+              prove_writes: Callable[[ObjectStore], object] | None = None,
+              security: SecurityView | None = None) -> None:
         """Serve with `reader`; committed offsets go to the bucket through its store, once
-        `prove_writes(store)` (the conditional-write probe) passed."""
+        `prove_writes(store)` (the conditional-write probe) passed. `security`: the bucket's
+        users and ACLs when clients authenticate (one is made on the reader's store when
+        needed and not given)."""
         c = self.config
+        self._guard = self._make_guard(reader, security)
         groups = GroupCoordinator(GroupSettings(
             initial_delay_s=c.group_initial_rebalance_delay_ms / 1000,
             min_session_timeout_s=c.group_min_session_timeout_ms / 1000,
@@ -156,11 +166,26 @@ class KafkaServer:
         self.services = Services(
             reader, Catalog(reader, clock=self._clock), groups, Node(NODE_ID, host, port),
             topic_id_to_str(uuid.uuid5(_CLUSTER_NAMESPACE, bucket_url)), clock=self._clock,
-            fetch_limits=FetchLimits(c.fetch_max_bytes, c.max_partitions_per_fetch))
+            fetch_limits=FetchLimits(c.fetch_max_bytes, c.max_partitions_per_fetch),
+            guard=self._guard)
         groups.start()
         self._server.start()
         log.info("Kafka endpoint on %s%s (advertised as %s:%d), read-only", self.listen_address,
                  " (TLS)" if self._ssl else "", host, port)
+
+    def _make_guard(self, reader: Reader, view: SecurityView | None) -> Guard:
+        """Who must authenticate and the ACLs (docs/security.md); open without security."""
+        security = self.config.security
+        if not security.authenticates:
+            return Guard.open()
+        if view is None:
+            from tiered.app.authz import Policy
+            from tiered.app.security_view import SecurityView
+
+            view = self._own_view = SecurityView(reader.store, Policy(
+                frozenset(security.super_users), security.allow_everyone_if_no_acl))
+            view.start()
+        return Guard(security, view, tls=self._ssl is not None)
 
     def stop(self) -> None:
         """Stop accepting, end every connection (requests in flight finish, waits end
@@ -170,6 +195,9 @@ class KafkaServer:
             svc.stopping.set()
             svc.groups.stop()
         self._server.stop()
+        if self._own_view is not None:
+            self._own_view.stop()
+            self._own_view = None
 
     # -- connections ---------------------------------------------------------------------
 
@@ -179,6 +207,7 @@ class KafkaServer:
         conn = Connection(client.id, client.peer_host)
         sock = client.sock
         try:
+            svc.guard.on_connect(conn.auth, sock)
             while client.idle() and not svc.stopping.is_set():
                 frame = self._read_frame(client)
                 if frame is None:
@@ -192,6 +221,8 @@ class KafkaServer:
                     reply.close()
                 with self._lock:
                     self._stats.bytes_sent += reply.size
+                if conn.auth.closing:  # a failed authentication: answered, then closed
+                    break
         except MalformedRequest as exc:
             self._bad_request(conn.peer_host, exc)
         finally:
@@ -237,6 +268,8 @@ class KafkaServer:
         return frame
 
     def _answer(self, svc: Services, conn: Connection, frame: bytes) -> Reply:
+        if conn.auth.raw_tokens:  # after SaslHandshake v0: a bare SASL token
+            return raw_token(svc, conn, frame)
         key, version, correlation_id = peek_header(frame)
         api = APIS.get(key)
         if api is None:
@@ -246,6 +279,7 @@ class KafkaServer:
                 return Reply([unsupported_api_versions(correlation_id)])
             raise MalformedRequest(f"{api.name} v{version} is not served (versions "
                                    f"{api.min_version}..{api.max_version})")
+        svc.guard.admit(conn.auth, key)
         request = parse_request(frame)
         log.debug("kafka: %s v%d from %s (client %r)", api.name, version, conn.peer_host,
                   request.client_id)
@@ -291,4 +325,16 @@ def _ssl_context(config: KafkaConfig) -> ssl.SSLContext:
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"[kafka] tls_cert / tls_key: cannot load {config.tls_cert} with "
                           f"{config.tls_key}: {exc}") from None
+    if config.security.tls_client_ca is not None:
+        require_client_certificates(context, config.security.tls_client_ca,
+                                    "[kafka] tls_client_ca")
     return context
+
+
+def require_client_certificates(context: ssl.SSLContext, ca: Path, key: str) -> None:
+    """Mutual TLS: the handshake fails without a client certificate signed by `ca`."""
+    try:
+        context.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"{key}: cannot load {ca}: {exc}") from None
+    context.verify_mode = ssl.CERT_REQUIRED

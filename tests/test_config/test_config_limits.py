@@ -27,7 +27,9 @@ def test_defaults(tmp_path: Path) -> None:
     effective = config.effective()
     assert effective["kafka"]["request_timeout_ms"] == 30_000
     assert effective["http"] == {"max_connections": 1000, "max_connections_per_ip": 2**31 - 1,
-                                 "request_timeout_ms": 30_000, "idle_timeout_ms": 60_000}
+                                 "request_timeout_ms": 30_000, "idle_timeout_ms": 60_000,
+                                 "auth": "none", "tls_cert": None, "tls_key": None,
+                                 "tls_client_ca": None}
 
 
 def test_set_with_units(tmp_path: Path) -> None:

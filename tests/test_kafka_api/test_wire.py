@@ -86,8 +86,8 @@ def test_requests_parse_as_kio_wrote_them() -> None:
         assert (req.api_key, req.api_version, req.correlation_id, req.client_id) == (
             3, version, 41, "c")
         assert req.body.topics[0].name == "orders"
-        with pytest.raises(MalformedRequest, match="bytes after its last field"):
-            parse_request(frame + b"\x00")
+        # bytes past the last field stay unread, as a broker leaves them
+        assert parse_request(frame + b"\x00").body == parse_request(frame).body
         with pytest.raises(MalformedRequest, match="does not parse"):
             parse_request(frame[:-3])
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from tiered.config import parse_config
-from tiered.config.security import HttpConfig, KafkaSecurity
+from tiered.config.http import HttpConfig
+from tiered.config.security import KafkaSecurity
 from tiered.errors import ConfigError
 
 TLS = {"tls_cert": "c.pem", "tls_key": "k.pem"}
@@ -35,7 +36,7 @@ def test_defaults_change_nothing(tmp_path: Path) -> None:
     config = _config(tmp_path, {})
     assert config.kafka.security == KafkaSecurity()
     assert not config.kafka.security.authenticates
-    assert config.http == HttpConfig() and "http" not in config.effective()
+    assert config.http == HttpConfig() and config.effective()["http"]["auth"] == "none"
 
 
 def test_every_key(tmp_path: Path) -> None:
@@ -51,8 +52,9 @@ def test_every_key(tmp_path: Path) -> None:
     assert s.session_lifetime_ms == 3_600_000 and not s.allow_plaintext_sasl
     rule = s.tls_principal_rules[0]
     assert rule.pattern is not None and rule.case == "L"
-    assert config.http == HttpConfig("basic", tmp_path / "c.pem", tmp_path / "k.pem",
-                                     tmp_path / "ca.pem")
+    assert config.http == HttpConfig(auth="basic", tls_cert=tmp_path / "c.pem",
+                                     tls_key=tmp_path / "k.pem",
+                                     tls_client_ca=tmp_path / "ca.pem")
     effective = config.effective()
     assert effective["kafka"]["sasl_mechanisms"] == list(s.sasl_mechanisms)
     assert effective["http"]["auth"] == "basic"

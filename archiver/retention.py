@@ -120,10 +120,16 @@ class GarbageCollector:
         `ManifestContention` when its commits kept losing races (the caller retries next
         pass); store faults are reported in the outcome and leave the manifest consistent."""
         m, etag = self.mstore.load(target.topic, target.partition, target.revision)
+        if etag is None:
+            # no head: restore it from its copy, or stop here if objects of ours say it was
+            # lost (HistoryWithoutHead); a partition with nothing in the bucket has nothing
+            # to expire, and orphans wait for a head
+            restored = self.mstore.restore_head(m)
+            if restored is None:
+                return HousekeepingOutcome(m, etag)
+            m, etag = restored
         ops.with_term(m, term)  # a fenced writer stops here
         out = HousekeepingOutcome(m, etag)
-        if etag is None:
-            return out  # nothing committed: nothing expires, and orphans wait for a head
         if limits is not None and (limits.ms is not None or limits.bytes is not None):
             self._retention(out, term, limits, now_ms)
         self._replaced(out, term, now_ms)

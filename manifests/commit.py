@@ -241,6 +241,18 @@ class ManifestStore:
         except StoreError as exc:
             log.warning("%s: could not write the head's copy: %s", m.key, exc)
 
+    def restore_head(self, empty: PartitionManifest) -> tuple[PartitionManifest, str] | None:
+        """For a partition whose head `load` found missing (`empty` is what it returned): the
+        head restored from its newest complete copy, or None when the bucket holds nothing of
+        the partition's; `HistoryWithoutHead` when it holds history no copy restores."""
+        try:
+            self._guard_fresh_head(empty)
+        except ManifestConflict as restored:
+            if restored.current is None or restored.etag is None:
+                return None
+            return restored.current, restored.etag
+        return None
+
     def _guard_fresh_head(self, manifest: PartitionManifest) -> None:
         """Before creating a head where none is stored: restore the newest copy that the
         bucket proves complete (then `ManifestConflict` carries it, so `update` re-applies its

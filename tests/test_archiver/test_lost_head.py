@@ -1,0 +1,160 @@
+"""Absence is not evidence (docs/design.md, invariant 11): a head manifest that went missing
+never makes a writer start the partition afresh over its history, and nothing below a head's
+start is collected unless the head records why the start moved. Each test loses objects the
+way a lifecycle rule or a wrong `aws s3 rm` would, then runs the archiver past the collection
+grace period."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from support.archiving import Clock, Disk, drain, make_config, revision, write_partition
+
+from archiver.service import Archiver
+from manifests import keys, ops
+from manifests.collect import HeadFacts, Verdict, archive_verdict, collect_orphans, data_verdict
+from manifests.commit import ManifestStore
+from manifests.errors import HistoryWithoutHead
+from manifests.manifest import PartitionManifest
+from manifests.serde import encode_partition_manifest
+from tiered.store.base import ObjectStore
+
+GRACE_MS = 1000
+
+# -- the verdicts (pure) ----------------------------------------------------------------------
+
+#: a head whose log starts at 600, retention having recorded everything below 400
+HEAD = HeadFacts(term=3, next_offset=1000, first_head_offset=600, top_entries=frozenset(),
+                 log_start=600, collectable_below=400)
+
+
+@pytest.mark.parametrize(("name", "verdict"), [
+    ("0-99-3.log", Verdict.DEAD),  # wholly below the recorded start: retention removed it
+    ("300-399-2.index", Verdict.DEAD),
+    ("400-599-3.log", Verdict.HISTORY),  # below the start, and no record says why
+    ("500-699-3.log", Verdict.HISTORY),  # straddles the start: not all of it was let go
+    ("0-99-3-7000000123.log", Verdict.DEAD),  # a replacement below the recorded start
+    ("400-599-3-7000000123.log", Verdict.HISTORY),
+    ("700-799-3.log", Verdict.DEAD),  # in the head's range, unreferenced: a lost race
+    ("1000-1099-3.log", Verdict.KEEP),  # the frontier
+])
+def test_below_the_start_only_a_recorded_reason_makes_an_object_dead(
+        name: str, verdict: Verdict) -> None:
+    assert data_verdict(name, HEAD) is verdict
+
+
+def test_archived_manifests_below_the_start_need_the_same_reason() -> None:
+    def archive(base: int, last: int) -> str:
+        return keys.archived_manifest_name(base, last, 0, 0, 0, 0xDEADBEEF)
+
+    assert archive_verdict(archive(0, 399), HEAD) is Verdict.DEAD
+    assert archive_verdict(archive(400, 599), HEAD) is Verdict.HISTORY
+    # a head that never recorded a start (an older release's, or one created anew) keeps all
+    fresh = HeadFacts(3, 1000, 600, frozenset(), log_start=600, collectable_below=0)
+    assert data_verdict("0-99-3.log", fresh) is Verdict.HISTORY
+
+
+def test_retention_records_why_the_start_moved() -> None:
+    from manifests.model import SegmentMeta
+
+    m = ops.add_segments(PartitionManifest.new("orders", 0, "r", term=1), [
+        SegmentMeta(o, o + 99, 0, 0, 100, 1, 1, 0) for o in range(0, 400, 100)])
+    moved = ops.advance_start_offset(m, 200, now_ms=0)
+    assert moved.log_start_offset == 200 and moved.collectable_below == 200
+    assert ops.advance_start_offset(moved, 100, now_ms=0).collectable_below == 200
+
+
+# -- against a real bucket ----------------------------------------------------------------------
+
+
+def archived(tmp_path: Path, store: ObjectStore) -> tuple[Archiver, Clock, Path, str]:
+    clock = Clock(time.time())  # object mtimes come from the store's clock
+    config = make_config(tmp_path, cluster={"cloud_storage_gc_grace_period_ms": GRACE_MS})
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=40, timestamp_ms=int(clock() * 1000))
+    archiver = Archiver(config, store, clock=clock, disk_usage=Disk())
+    drain(archiver)
+    return archiver, clock, log_dir, revision(log_dir, "orders", 0)
+
+
+def data_objects(store: ObjectStore, rev: str) -> set[str]:
+    return {i.key for i in store.list(keys.partition_data_prefix("orders", 0, rev))}
+
+
+def past_grace(archiver: Archiver, clock: Clock) -> None:
+    time.sleep(GRACE_MS / 1000 + 1.1)  # store mtimes are whole seconds on the store's clock
+    clock.now = time.time()
+    archiver.run_once()
+
+
+def test_a_deleted_head_is_restored_from_its_copy_exactly(tmp_path: Path,
+                                                          s3_store: ObjectStore) -> None:
+    archiver, clock, _log_dir, rev = archived(tmp_path, s3_store)
+    mstore = ManifestStore(s3_store)
+    before, _ = mstore.load("orders", 0, rev)
+    assert before.segments, "nothing was archived"
+    objects = data_objects(s3_store, rev)
+    s3_store.delete_many([before.key])
+    past_grace(archiver, clock)
+    after, etag = mstore.load("orders", 0, rev)
+    assert etag is not None
+    assert after.evolve(sequence=before.sequence) == before  # the same history, cutoff, start
+    assert data_objects(s3_store, rev) >= objects  # nothing was collected
+
+
+def test_a_lost_head_without_copies_stops_the_partition_and_loses_nothing(
+        tmp_path: Path, s3_store: ObjectStore) -> None:
+    """The issue's case: head and its copies gone, the local log trimmed; the next pass must
+    not commit a head at the local start, and the collector must delete nothing."""
+    archiver, clock, log_dir, rev = archived(tmp_path, s3_store)
+    m, _ = ManifestStore(s3_store).load("orders", 0, rev)
+    objects = data_objects(s3_store, rev)
+    part = log_dir / "orders-0"
+    closed = sorted(part.glob("*.log"))[:-1]
+    for seg in closed[: len(closed) // 2]:  # local retention went ahead of the loss
+        for path in part.glob(seg.stem + ".*"):
+            path.unlink()
+    meta = keys.partition_meta_prefix("orders", 0, rev)
+    s3_store.delete_many([i.key for i in s3_store.list(meta) if i.key.startswith(m.key)])
+    past_grace(archiver, clock)
+    report = archiver.run_once()
+    assert not report.ok
+    errors = report.errors + [p.error for p in report.partitions if p.error]
+    assert any("recover --rebuild-manifests" in e for e in errors), errors
+    assert not s3_store.exists(m.key)  # no fresh head over the history
+    assert data_objects(s3_store, rev) >= objects
+
+
+def test_committing_a_fresh_head_over_history_is_refused(tmp_path: Path,
+                                                         s3_store: ObjectStore) -> None:
+    _archiver, _clock, _log_dir, rev = archived(tmp_path, s3_store)
+    mstore = ManifestStore(s3_store)
+    m, _ = mstore.load("orders", 0, rev)
+    meta = keys.partition_meta_prefix("orders", 0, rev)
+    s3_store.delete_many([i.key for i in s3_store.list(meta) if i.key.startswith(m.key)])
+    later = ops.add_segments(PartitionManifest.new("orders", 0, rev, term=m.term + 1),
+                             [m.segments[-1]])  # a head starting at the last segment
+    with pytest.raises(HistoryWithoutHead, match="recover --rebuild-manifests"):
+        mstore.commit(later, None)
+
+
+def test_the_collector_deletes_nothing_below_a_head_that_lost_history(
+        tmp_path: Path, s3_store: ObjectStore) -> None:
+    """A head that starts later with no recorded reason (written by an older release, or by
+    hand) over objects below it: an anomaly, and nothing is collected at all."""
+    archiver, clock, _log_dir, rev = archived(tmp_path, s3_store)
+    mstore = ManifestStore(s3_store)
+    m, etag = mstore.load("orders", 0, rev)
+    objects = data_objects(s3_store, rev)
+    later = ops.add_segments(PartitionManifest.new("orders", 0, rev, term=m.term),
+                             [m.segments[-1]])
+    s3_store.put(m.key, encode_partition_manifest(later.evolve(sequence=m.sequence + 1)),
+                 if_match=etag)
+    time.sleep(GRACE_MS / 1000 + 1.1)
+    out = collect_orphans(mstore, "orders", 0, rev, now_ms=int(time.time() * 1000),
+                          grace_ms=GRACE_MS)
+    assert out.anomaly is not None and "recover --rebuild-manifests" in out.anomaly
+    assert out.deleted == []
+    assert data_objects(s3_store, rev) == objects

@@ -56,6 +56,7 @@ from cache import disk
 from cache.accounting import CacheSettings, plan_trim
 from cache.buffers import ChunkBuffers
 from cache.chunks import chunks_for_range
+from cache.disk_health import DiskHealth
 from cache.download import ByteStream, Fetcher, Streamer, Verifier, fetch_verified
 from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheError, CacheFullError
@@ -230,7 +231,8 @@ class ChunkCache:
         disk.ensure_writable(self.root)
         #: the latest chunk-write failure that was not a full disk (None after a success):
         #: the daemon's /health reports it as degraded
-        self.write_problem: str | None = None
+        #: the last disk write's outcome, for /health (only disk writes change it)
+        self.disk_health = DiskHealth()
         self.settings = settings
         self._fetch = fetch
         self._clock = clock
@@ -331,6 +333,11 @@ class ChunkCache:
                     stream.wake.notify()
             self._release_holds(self._readers.close(reader))
             self._cond.notify_all()
+
+    @property
+    def write_problem(self) -> str | None:
+        """The cache disk's last write problem (`DiskHealth`), None when writes go through."""
+        return self.disk_health.problem
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges for metrics: hits, misses (downloads a read started), joined
@@ -915,7 +922,7 @@ class ChunkCache:
             staged, usable = self._stage(seg, index, entry, body)
         except BaseException as err:
             if isinstance(err, CacheError) and not isinstance(err, CacheFullError):
-                self.write_problem = str(err)
+                self.disk_health.failed(err)
             self._fail(entry, err)
             raise
         self._download(seg, index, entry, staged)
@@ -1092,10 +1099,12 @@ class ChunkCache:
                 except CacheFullError:
                     raise
                 except CacheError as err:
-                    self.write_problem = str(err)
+                    self.disk_health.failed(err)
                     raise
                 crcs = disk.block_crcs(data)
-            self.write_problem = None
+                self.disk_health.succeeded()
+            if isinstance(staged, StagedChunk):  # written to its file, not kept in memory
+                self.disk_health.succeeded()
         except BaseException as err:
             if staged is not None:
                 staged.discard()
@@ -1392,10 +1401,10 @@ class ChunkCache:
                     self._unmap(entry)
                     self._left_memory(entry)
                     self._counters["written_behind"] += 1
-            self.write_problem = None
+            self.disk_health.succeeded()
         except Exception as err:  # a full disk, an I/O error, a bug: the bucket has it
             if not isinstance(err, CacheFullError):
-                self.write_problem = str(err)
+                self.disk_health.failed(err)
             log.warning("chunk %d of %s not written to the cache disk, dropped: %s",
                         entry.chunk.start, entry.chunk.segment, err,
                         exc_info=not isinstance(err, CacheError))

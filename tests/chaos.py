@@ -234,10 +234,13 @@ def _archive_once(config: Path) -> tuple[int, str, str]:
 
 def run_chaos(work: Path, *, seed: int, seconds: float, endpoint: str, bucket: str,
               merges: int = 2, fault_rate: float = 0.03, grace_ms: int = 1500,
-              kill_every: tuple[float, float] = (1.5, 4.0),
+              kill_every: tuple[float, float] = (1.5, 4.0), min_cycles: int = 0,
+              min_archive_once: int = 0, max_seconds: float | None = None,
               progress: Callable[[str], None] = lambda _: None) -> ChaosFigures:
-    """Run the scenario for about `seconds`, then verify; returns the figures. `endpoint` is
-    moto's (the daemons reach it through a fault proxy)."""
+    """Run the scenario for at least `seconds` and until `min_cycles` kill cycles, every
+    merge and `min_archive_once` one-shot passes are done (a busy machine makes each one
+    slower, not less needed), at most `max_seconds`; then verify and return the figures.
+    `endpoint` is moto's (the daemons reach it through a fault proxy)."""
     rng = random.Random(seed)
     figures = ChaosFigures(seed)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's request log
@@ -262,7 +265,16 @@ def run_chaos(work: Path, *, seed: int, seconds: float, endpoint: str, bucket: s
         merge_at = sorted(rng.uniform(0.2, 0.8) * seconds for _ in range(merges))
         next_archive = time.monotonic() + rng.uniform(2, 5)
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        hard_deadline = deadline - seconds + max(seconds, max_seconds or seconds)
+
+        def more() -> bool:
+            now = time.monotonic()
+            if now < deadline:
+                return True
+            return now < hard_deadline and (figures.cycles < min_cycles or bool(merge_at) or
+                                            figures.archive_once_runs < min_archive_once)
+
+        while more():
             time.sleep(rng.uniform(*kill_every))
             figures.cycles += 1
             figures.kills += 1

@@ -207,6 +207,10 @@ def test_a_chunk_that_cannot_be_written_is_dropped_and_read_again(tmp_path: Path
         wait_until(lambda: ChunkId(KEY, 0) not in cache._entries, "chunk 0 to be dropped")
         assert files(tmp_path / "cache") == ([], [])
         assert (cache.write_problem is None) == (error == errno.ENOSPC)
+        # a chunk that arrives into memory (held by its reader: not written behind) says
+        # nothing about the disk, and leaves a reported I/O error as it is
+        assert seg.read(starts[2], starts[2] + 100, reader="c") == data[starts[2]:starts[2] + 100]
+        assert (cache.write_problem is None) == (error == errno.ENOSPC)
         writes.full = False
         requests = len(fetch.calls) + len(stream.opened)
         assert seg.read(0, 3000, reader="d") == data[:3000]  # downloaded again
@@ -240,3 +244,14 @@ def test_chunks_a_stopped_consumer_holds_are_written_once_buffers_run_short(
             time.sleep(1.5)  # the watcher looked at least once
             assert cache.stats()["memory_chunks"] == 3 and files(tmp_path / "cache")[0] == []
         assert seg.read(200, starts[3], reader="a") == data[200:starts[3]]  # and it goes on
+
+
+def test_disk_health_changes_only_with_disk_writes() -> None:
+    from cache.disk_health import DiskHealth
+
+    health = DiskHealth()
+    assert health.problem is None
+    health.failed(OSError(errno.EIO, "Input/output error"))
+    assert health.problem is not None and "Input/output" in health.problem
+    health.succeeded()
+    assert health.problem is None

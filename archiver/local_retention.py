@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,7 +63,7 @@ MODES = ("enforce", "advise")
 
 def partition_view(
     topic: str, partition: int, snapshot: LogSnapshot, tc: TopicConfig,
-    uploaded_last_offset: int | None,
+    uploaded_last_offset: int | None, covered_bytes: Mapping[int, int] | None = None,
 ) -> PartitionView:
     """The space policies' view of one partition. `uploaded_last_offset` must come from a
     manifest this process read or committed: None (unknown, e.g. the bucket is unreachable)
@@ -86,6 +86,7 @@ def partition_view(
                                         tc.retention_local_target_bytes),
         local_retention_explicit=tc.local_retention_explicit,
         retention=RetentionLimits(tc.retention_ms, tc.retention_bytes),
+        covered_bytes=dict(covered_bytes or {}),
     )
 
 

@@ -71,6 +71,7 @@ from archiver.uploader import (
 from manifests.commit import ManifestStore
 from manifests.errors import ManifestConflict, StaleTerm
 from manifests.lease import PartitionId
+from manifests.manifest import PartitionManifest
 from manifests.spillover import ManifestSettings
 from manifests.topic import TopicManifest, save_topic_manifest
 from tiered.config import Config
@@ -483,7 +484,8 @@ class Archiver:
         # a committed head covers only grow, so an older copy can only under-state them
         m = cursor.manifest if cursor is not None else None
         uploaded = None if m is None or m.last_offset < 0 else m.last_offset
-        return partition_view(part.topic, part.partition, snap, tc, uploaded), snap
+        covered = {} if m is None or uploaded is None else _covered_bytes(m, snap, uploaded)
+        return partition_view(part.topic, part.partition, snap, tc, uploaded, covered), snap
 
     def _fresh_views(self, states: list[_Partition]) -> list[PartitionView]:
         """Views of a listing of the log dirs of its own, with the committed offsets the
@@ -704,3 +706,24 @@ def _node_name(config: Config) -> str | None:
         return config.node_id()
     except (TieredError, OSError):
         return None
+
+
+def _covered_bytes(m: PartitionManifest, snap: LogSnapshot, uploaded: int) -> dict[int, int]:
+    """Bytes the head's segments hold of each local segment that reaches past `uploaded` but
+    starts at or below it (a prefix uploaded by idle timeout, the active segment's included):
+    the backlog leaves them out. Only the head's newest segments can be such a prefix."""
+    starts = [s.base_offset for s in snap.closed if s.base_offset <= uploaded < s.last_offset]
+    if snap.active is not None and snap.active.base_offset <= uploaded:
+        starts.append(snap.active.base_offset)
+    if not starts:
+        return {}
+    covered = dict.fromkeys(starts, 0)
+    lowest = min(starts)
+    for i in range(len(m.segments) - 1, -1, -1):
+        seg = m.segments[i]
+        if seg.base_offset < lowest:
+            break
+        owner = max((b for b in starts if b <= seg.base_offset), default=None)
+        if owner is not None:
+            covered[owner] += seg.size_bytes
+    return covered

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from archiver.upload_policy import LocalSegment, PolicyInputError, check_log_layout
@@ -67,6 +67,10 @@ class PartitionView:
     local_retention: RetentionLimits
     local_retention_explicit: bool
     retention: RetentionLimits
+    #: bytes of a local segment (by base offset, the active one's included) that a committed
+    #: manifest already holds although the segment reaches past it: an idle-timeout upload of
+    #: its prefix. Those are in the bucket, not pending
+    covered_bytes: Mapping[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"{self.topic}/{self.partition}"
@@ -419,15 +423,17 @@ def disk_alert_state(total_bytes: int, free_bytes: int, params: SpaceParams) -> 
 
 def upload_backlog_bytes(partitions: Sequence[PartitionView]) -> int:
     """Local bytes of remote-write partitions not yet covered by a committed manifest: the
-    upload controller's input. A segment only partly covered (after an idle-timeout upload),
-    and the active segment, count whole: an over-estimate by at most one segment each."""
+    upload controller's input. A segment only partly covered (an idle-timeout upload of its
+    prefix, the active segment's included) counts what the bucket does not hold of it, so
+    the backlog returns to 0 once everything is uploaded."""
     total = 0
     for p in partitions:
         if not p.remote_write:
             continue
         uploaded = -1 if p.uploaded_last_offset is None else p.uploaded_last_offset
-        total += sum(s.size_bytes for s in p.segments if s.last_offset > uploaded)
-        total += p.active_size_bytes
+        total += sum(max(0, s.size_bytes - p.covered_bytes.get(s.base_offset, 0))
+                     for s in p.segments if s.last_offset > uploaded)
+        total += max(0, p.active_size_bytes - p.covered_bytes.get(p.active_base_offset, 0))
     return total
 
 

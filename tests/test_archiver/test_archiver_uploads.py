@@ -357,3 +357,27 @@ def test_the_controller_keeps_updating_while_a_round_runs(
         gate.set()
         round_thread.join(30)
     assert result and result[0].ok
+
+
+def test_the_backlog_returns_to_zero_after_an_idle_timeout_upload(
+    tmp_path: Path, s3_store: ObjectStore
+) -> None:
+    """Everything below the watermark was uploaded by idle timeout: nothing is pending, in
+    describe-storage, the metric's source and the summary line alike."""
+    from tiered.app.describe import summary_line
+
+    config = make_config(tmp_path,
+                         cluster={"cloud_storage_segment_max_upload_interval_sec": 60})
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=3, segment_bytes=1 << 20)
+    clock = Clock()
+    archiver = Archiver(config, s3_store, clock=clock, disk_usage=Disk())
+    archiver.upload_round()
+    clock.advance(61)
+    assert archiver.upload_round().partitions[0].uploaded_segments == 1
+    archiver.scan()
+    [row] = archiver.describe()
+    assert row["remote"]["last_offset"] == row["local"]["last_offset"]  # all of it is up
+    assert row["pending_bytes"] == 0, row
+    assert archiver.snapshot().pending_bytes_by_partition.get(("orders", 0), 0) == 0
+    assert summary_line([row]).endswith("0 B waiting for upload")

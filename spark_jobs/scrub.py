@@ -58,6 +58,8 @@ ANOMALY_KINDS: dict[str, str] = {
     "overlap": "two consecutive segments share offsets",
     "orphan": "an object under a partition's prefix that no manifest names",
     "missing_manifest": "segment objects exist but the partition has no head manifest",
+    "unreferenced_history": "segment objects below the head's start that no recorded "
+                            "retention explains: the head lost history",
     "unreadable": "the object could not be read (store error)",
 }
 
@@ -128,9 +130,14 @@ def classify(
     *,
     now_ms: int,
     grace_ms: int,
+    log_start: int = 0,
+    collectable_below: int = 0,
 ) -> Classification:
     """Compare the segments a manifest names (head and archived), its `replaced` objects
-    (name -> replaced_at, ms) and a listing of the partition's data `prefix`."""
+    (name -> replaced_at, ms) and a listing of the partition's data `prefix`. An unnamed
+    segment object below `log_start` that `collectable_below` (the head's record of why the
+    start moved) does not explain is history the head lost: reported, never an orphan to
+    delete (docs/format.md, "Losing objects")."""
     out = Classification()
     listed = {info.key[len(prefix):]: info for info in listing}
     referenced: set[str] = set()
@@ -168,6 +175,16 @@ def classify(
     cutoff_s = (now_ms - grace_ms) / 1000
     for name, info in sorted(listed.items()):
         if name in referenced:
+            continue
+        segment = keys.segment_name_of(name)
+        parsed = None if segment is None else keys.parse_segment_name(segment)
+        if parsed is not None and parsed.base_offset < log_start and (
+                parsed.last_offset >= collectable_below):
+            out.anomalies.append(Anomaly(
+                "unreferenced_history", where, info.key,
+                f"offsets {parsed.base_offset}..{parsed.last_offset} below the head's start "
+                f"{log_start} with no recorded retention; repair the head with `tiered "
+                "recover --rebuild-manifests`"))
             continue
         if info.last_modified <= cutoff_s:
             out.orphans.append(info)
@@ -240,7 +257,8 @@ def _scan_partition(
             ))
         return out, None
     replaced = {r.segment.object_name: r.replaced_at for r in m.replaced}
-    out = classify(where, prefix, segments, replaced, listing, now_ms=now_ms, grace_ms=grace_ms)
+    out = classify(where, prefix, segments, replaced, listing, now_ms=now_ms, grace_ms=grace_ms,
+                   log_start=m.log_start_offset, collectable_below=m.collectable_below)
     cutoff_s = (now_ms - grace_ms) / 1000
     for info in unreferenced:
         if info.last_modified <= cutoff_s:

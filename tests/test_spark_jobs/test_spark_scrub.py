@@ -269,3 +269,30 @@ def test_scrub_what_the_archiver_uploaded(tmp_path: Path, spark: Any) -> None:
         store.put(victim, bytes(data))
         dirty = run_scrub(ctx, topic=None, delete_orphans=False, now_ms=LATER_MS)
     assert _kinds(dirty) == {victim: "corrupt_batch"}
+
+
+def test_scrub_flags_history_below_a_head_that_starts_later_without_a_reason(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    """A head rewritten to start at its last segment (no retention recorded) over the
+    segments below: each is `unreferenced_history`, scrub fails, and --delete-orphans deletes
+    none of them (docs/format.md, "Losing objects")."""
+    from manifests.manifest import PartitionManifest
+    from manifests.serde import encode_partition_manifest
+
+    ctx, store, _archived = bucket
+    m, etag = ctx.manifests.load(TOPIC, 0, REVISION)
+    assert etag is not None and len(m.segments) > 1
+    later = ops.add_segments(PartitionManifest.new(TOPIC, 0, REVISION, term=m.term),
+                             [m.segments[-1]]).evolve(sequence=m.sequence + 1)
+    store.put(m.key, encode_partition_manifest(later), if_match=etag)
+    below = {m.segment_key(s) for s in list(m.segments)[:-1]}
+
+    summary = run_scrub(ctx, topic=TOPIC, delete_orphans=True, now_ms=LATER_MS)
+
+    assert not summary["ok"]
+    flagged = {a["key"] for a in summary["anomalies"] if a["kind"] == "unreferenced_history"}
+    assert below <= flagged
+    assert all("recover --rebuild-manifests" in a["detail"] for a in summary["anomalies"]
+               if a["kind"] == "unreferenced_history")
+    assert all(store.exists(k) for k in below)

@@ -659,6 +659,10 @@ class Archiver:
             with s.lock:
                 try:
                     head(s.cursor, self.mstore, s.target())
+                    if s.cursor.etag is None and s.cursor.manifest is not None:
+                        lost = self.mstore.lost_history(s.cursor.manifest)
+                        if lost is not None:
+                            errors[s.tp] = lost
                 except TieredError as err:
                     errors[s.tp] = str(err)
         views, snaps, _ = self._views(states)

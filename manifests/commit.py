@@ -241,6 +241,23 @@ class ManifestStore:
         except StoreError as exc:
             log.warning("%s: could not write the head's copy: %s", m.key, exc)
 
+    def lost_history(self, empty: PartitionManifest) -> str | None:
+        """For a partition whose head `load` found missing, read-only (describe-storage): what
+        says the head was lost (copies, or objects of ours below offset 0's head), None when
+        the bucket holds nothing of the partition's."""
+        listing = [i.key for prefix in (
+            keys.partition_data_prefix(empty.topic, empty.partition, empty.revision),
+            keys.partition_meta_prefix(empty.topic, empty.partition, empty.revision))
+            for i in self.store.list(prefix)]
+        ours = [k for k in listing if keys.segment_name_of(k.rsplit("/", 1)[-1]) is not None
+                or ".copy-" in k or keys.parse_archived_manifest_name(k.rsplit("/", 1)[-1])]
+        if not ours:
+            return None
+        return (f"{empty.key}: no head manifest, but {len(ours)} object(s) of the partition are "
+                "in the bucket (the next writer restores the head from its copy, or stops the "
+                f"partition); if it stays, run `tiered recover --rebuild-manifests --topic "
+                f"{empty.topic}`")
+
     def restore_head(self, empty: PartitionManifest) -> tuple[PartitionManifest, str] | None:
         """For a partition whose head `load` found missing (`empty` is what it returned): the
         head restored from its newest complete copy, or None when the bucket holds nothing of

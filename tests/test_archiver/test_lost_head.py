@@ -125,6 +125,11 @@ def test_a_lost_head_without_copies_stops_the_partition_and_loses_nothing(
     assert any("recover --rebuild-manifests" in e for e in errors), errors
     assert not s3_store.exists(m.key)  # no fresh head over the history
     assert data_objects(s3_store, rev) >= objects
+    # describe-storage (a fresh process) says so, with the command
+    fresh = Archiver(archiver.config, s3_store, clock=clock, disk_usage=Disk())
+    fresh.scan()
+    [row] = fresh.describe()
+    assert "recover --rebuild-manifests" in row["remote"].get("error", ""), row
 
 
 def test_committing_a_fresh_head_over_history_is_refused(tmp_path: Path,

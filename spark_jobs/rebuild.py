@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from manifests import keys, ops
-from manifests.errors import ManifestError
+from manifests.errors import ManifestConflict, ManifestError
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from manifests.serde import encode_partition_manifest
@@ -174,8 +174,11 @@ def _hole(segs: list[SegmentMeta], first: int) -> str:
             "boundary; refusing to guess")
 
 
-def _head_state(ctx: JobContext, ref: PartitionRef) -> tuple[str, str | None]:
-    """('intact' | 'missing' | 'corrupt', ETag of a corrupt head)."""
+def _head_state(ctx: JobContext, ref: PartitionRef, found: list[Found]
+                ) -> tuple[str, str | None]:
+    """('intact' | 'missing' | 'corrupt' | 'misses_history', the head's ETag when one is
+    stored). A readable head that starts above segment objects of its own with no recorded
+    retention (docs/format.md, "Losing objects") misses history: it is rebuilt too."""
     key = keys.partition_manifest_key(*ref)
     try:
         m, etag = ctx.manifests.load(*ref)
@@ -183,6 +186,11 @@ def _head_state(ctx: JobContext, ref: PartitionRef) -> tuple[str, str | None]:
             return "missing", None
         for _ in ctx.manifests.iter_segments(m, m.log_start_offset):
             pass  # reads every archived manifest: a corrupt one makes the head unusable
+        for item in found:
+            parsed = keys.parse_segment_name(item.name)
+            if parsed is not None and parsed.base_offset < m.log_start_offset and (
+                    parsed.last_offset >= m.collectable_below):
+                return "misses_history", etag
         return "intact", etag
     except ManifestError as err:
         log.warning("%s: %s", key, err)
@@ -232,8 +240,28 @@ def _rebuild_partition(ctx: JobContext, ref: PartitionRef, state: str, etag: str
     try:
         if state == "corrupt" and etag is not None:
             row["quarantined"] = _commit_over_corrupt(ctx, m, etag)
+        elif state == "misses_history" and etag is not None:
+            # replace the head it read, by compare-and-swap: a writer's commit in between
+            # wins, and the rebuild is simply run again; its term, cutoff and record stay
+            current, _ = ctx.manifests.load(*ref)
+            if current.next_offset > m.next_offset:
+                row["error"] = (f"the listing ends at {m.last_offset}, below the head's "
+                                f"{current.last_offset}: not replacing it")
+                return row
+            m = m.evolve(term=max(m.term, current.term), gc_cutoff_ms=current.gc_cutoff_ms,
+                         collectable_below=current.collectable_below,
+                         sequence=current.sequence)
+            ctx.manifests.commit(m, etag)
         else:
             ctx.manifests.commit(m, None)
+    except ManifestConflict as conflict:
+        if state == "missing" and conflict.current is not None:
+            # the head's copy restored it exactly: better than a listing can
+            row.update(restored_from_copy=True, start_offset=conflict.current.log_start_offset,
+                       last_offset=conflict.current.last_offset)
+            return row
+        row["error"] = f"not committed: the head changed meanwhile ({job_error(conflict)})"
+        return row
     except (ManifestError, PreconditionFailed) as err:
         row["error"] = f"not committed: the head changed meanwhile ({job_error(err)})"
         return row
@@ -282,7 +310,7 @@ def rebuild_manifests(ctx: JobContext, *, topic: str | None) -> dict[str, Any]:
     for chunk in listing.collect():
         for item in chunk:
             by_ref[item.ref].append(item)
-    states = {ref: _head_state(ctx, ref) for ref in sorted(by_ref)}
+    states = {ref: _head_state(ctx, ref, by_ref[ref]) for ref in sorted(by_ref)}
     todo = [item for ref, items in sorted(by_ref.items()) if states[ref][0] != "intact"
             for item in items]
     read = run_tasks(ctx, todo, "rebuild: reading segment objects", "tiered-rebuild",

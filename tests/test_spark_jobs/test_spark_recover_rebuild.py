@@ -233,3 +233,28 @@ def test_rebuild_what_the_archiver_uploaded(tmp_path: Path, spark: Any) -> None:
         assert summary["ok"], summary["errors"]
         for partition, segments in archived.segments.items():
             assert _head_segments(ctx, partition) == segments
+
+
+def test_a_head_that_misses_history_is_rebuilt_on_its_etag(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    """A readable head that starts at its last segment with no recorded retention, over the
+    segments below it: rebuilt from the listing by compare-and-swap, every segment back, its
+    term kept (docs/format.md, "Losing objects")."""
+    from manifests import ops
+    from manifests.manifest import PartitionManifest
+    from manifests.serde import encode_partition_manifest
+
+    ctx, store, archived = bucket
+    m, etag = ctx.manifests.load(TOPIC, 0, REVISION)
+    assert etag is not None
+    later = ops.add_segments(PartitionManifest.new(TOPIC, 0, REVISION, term=m.term),
+                             [m.segments[-1]]).evolve(sequence=m.sequence + 1)
+    store.put(m.key, encode_partition_manifest(later), if_match=etag)
+
+    summary = run_rebuild_manifests(ctx, topic=TOPIC)
+
+    assert summary["ok"], summary["errors"]
+    assert [r["head"] for r in summary["rebuilt"]] == ["misses_history"]
+    assert _head_segments(ctx, 0) == archived.segments[0]
+    assert ctx.manifests.load(TOPIC, 0, REVISION)[0].term >= m.term

@@ -163,3 +163,26 @@ def test_the_collector_deletes_nothing_below_a_head_that_lost_history(
     assert out.anomaly is not None and "recover --rebuild-manifests" in out.anomaly
     assert out.deleted == []
     assert data_objects(s3_store, rev) == objects
+
+
+def test_a_garbled_head_stops_writes_and_collection_and_loses_nothing(
+        tmp_path: Path, s3_store: ObjectStore) -> None:
+    """A head that is not JSON any more: no commit over it, nothing collected, no local
+    segment deleted, and the pass says so; the copy beside it still holds the history."""
+    archiver, clock, log_dir, rev = archived(tmp_path, s3_store)
+    m, _ = ManifestStore(s3_store).load("orders", 0, rev)
+    objects = data_objects(s3_store, rev)
+    local = sorted(p.name for p in (log_dir / "orders-0").iterdir())
+    s3_store.put(m.key, b"{garbled")
+    # a fresh process (nothing cached) past the grace period, local retention on
+    fresh = Archiver(archiver.config, s3_store, clock=clock, disk_usage=Disk(free=1))
+    time.sleep(GRACE_MS / 1000 + 1.1)
+    clock.now = time.time()
+    report = fresh.run_once()
+    assert not report.ok
+    assert s3_store.get(m.key) == b"{garbled"  # nobody wrote a head over it
+    assert data_objects(s3_store, rev) == objects
+    assert sorted(p.name for p in (log_dir / "orders-0").iterdir()) == local
+    copies = [i.key for i in s3_store.list(keys.partition_meta_prefix("orders", 0, rev))
+              if ".copy-" in i.key]
+    assert copies  # the repair has what it needs

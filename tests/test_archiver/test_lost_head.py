@@ -186,3 +186,52 @@ def test_a_garbled_head_stops_writes_and_collection_and_loses_nothing(
     copies = [i.key for i in s3_store.list(keys.partition_meta_prefix("orders", 0, rev))
               if ".copy-" in i.key]
     assert copies  # the repair has what it needs
+
+
+def test_a_running_daemon_past_the_grace_period_loses_nothing_and_says_so(
+        tmp_path: Path) -> None:
+    """The issue's case under `tiered run`: the local log trimmed, then the head and its
+    copies deleted while the daemon runs, housekeeping every 100 ms, grace 1 s: nothing is
+    collected, no head is created at the local start, and /health is degraded naming the
+    repair command. (With the whole log still local a fresh head from offset 0 re-uploads
+    everything, which loses nothing.)"""
+    import json
+    import urllib.request
+
+    from support.configs import config_over
+    from support.daemons import running
+    from support.waiting import wait_until
+
+    from tiered.store import FileStore, StoreSettings
+
+    config = config_over(tmp_path, cluster={"cloud_storage_gc_grace_period_ms": GRACE_MS,
+                                            "cloud_storage_housekeeping_interval_ms": 100})
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=40, timestamp_ms=int(time.time() * 1000))
+    store = FileStore(StoreSettings(url=config.storage.url))
+    rev = revision(log_dir, "orders", 0)
+    key = keys.partition_manifest_key("orders", 0, rev)
+
+    def health() -> dict[str, object]:
+        with urllib.request.urlopen(daemon.server.url + "/health", timeout=10) as answer:
+            return dict(json.loads(answer.read()))
+
+    with running(config) as daemon:
+        wait_until(lambda: store.exists(key) and len(data_objects(store, rev)) > 6,
+                   "the first uploads")
+        wait_until(lambda: health().get("status") == "ok", "a clean pass")
+        objects = data_objects(store, rev)
+        part = log_dir / "orders-0"
+        closed = sorted(part.glob("*.log"))[:-1]
+        for seg in closed[: len(closed) // 2]:  # local retention went ahead of the loss
+            for path in part.glob(seg.stem + ".*"):
+                path.unlink()
+        meta = keys.partition_meta_prefix("orders", 0, rev)
+        store.delete_many([i.key for i in store.list(meta) if i.key.startswith(key)])
+        wait_until(lambda: "recover --rebuild-manifests" in json.dumps(health()),
+                   "housekeeping to report the lost head", timeout_s=60)
+        time.sleep(GRACE_MS / 1000 + 1.5)  # past the grace: collection had its chance
+        now = health()
+        assert now["status"] == "degraded", (now, store.exists(key))
+        assert not store.exists(key)
+        assert data_objects(store, rev) >= objects

@@ -271,6 +271,11 @@ def head_copy_key(head_key: str, sequence: int) -> str:
     return f"{head_key}.{HEAD_COPY_SLOTS[sequence % len(HEAD_COPY_SLOTS)]}"
 
 
+def head_copy_keys(head_key: str) -> tuple[str, ...]:
+    """Every copy slot of the head at `head_key`: objects of ours that no manifest names."""
+    return tuple(f"{head_key}.{slot}" for slot in HEAD_COPY_SLOTS)
+
+
 def partition_manifest_key(topic: str, partition: int, revision: str | int) -> str:
     """The head manifest's key: derivable from (topic, partition, revision), no listing."""
     return partition_meta_prefix(topic, partition, revision) + PARTITION_MANIFEST_NAME

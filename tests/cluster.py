@@ -298,7 +298,8 @@ class Bucket:
             named = {data + n for n in referenced_data_names(self.mstore, m)}
             found += [o.key for o in self.store.list(data) if o.key not in named]
             meta = keys.partition_meta_prefix(p.topic, p.partition, p.revision)
-            referenced = self.mstore.referenced_archive_keys(m) | {m.key, p.lease_key}
+            referenced = self.mstore.referenced_archive_keys(m) | {
+                m.key, p.lease_key, *keys.head_copy_keys(m.key)}  # the head's copies
             found += [o.key for o in self.store.list(meta) if o.key not in referenced]
         return found
 

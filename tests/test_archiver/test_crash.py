@@ -137,7 +137,8 @@ def _orphans(store: ObjectStore, mstore: ManifestStore, log_dir: Path) -> list[s
         meta = keys.partition_meta_prefix(TOPIC, part.partition, rev)
         referenced = mstore.referenced_archive_keys(m) | {
             keys.partition_manifest_key(TOPIC, part.partition, rev),
-            keys.partition_lease_key(TOPIC, part.partition, rev)}  # the upload lease
+            keys.partition_lease_key(TOPIC, part.partition, rev),  # the upload lease
+            *keys.head_copy_keys(keys.partition_manifest_key(TOPIC, part.partition, rev))}
         orphans += [o.key for o in store.list(meta) if o.key not in referenced]
     return orphans
 

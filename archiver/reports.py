@@ -96,6 +96,11 @@ class ArchiverStats:
     disk_alert_state: int = 0
     remote_deleted_objects_total: int = 0
     local_deleted_segments_total: int = 0
+    #: partitions whose latest housekeeping found no head over history, or a head that lost
+    #: history (collection stopped for them; docs/format.md, "Losing objects")
+    partitions_lost_history: int = 0
+    #: heads restored from their copies
+    heads_restored_total: int = 0
     #: the object store's request counters (operations, attempts, retries, errors, exhausted)
     store_retry_stats: dict[str, int] = field(default_factory=dict)
     #: this node's upload leases (held now, handovers, what they cost)

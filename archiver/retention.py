@@ -93,6 +93,8 @@ class HousekeepingOutcome:
     commits: int = 0
     new_start_offset: int | None = None
     errors: list[str] = field(default_factory=list)
+    #: the head starts above history it does not explain: nothing was collected
+    lost_history: bool = False
 
 
 class GarbageCollector:
@@ -249,6 +251,7 @@ class GarbageCollector:
         out.deleted_objects += len(done.deleted)
         out.commits += bool(done.cutoff_ms)
         out.errors.extend(done.errors)
+        out.lost_history = done.anomaly is not None
 
 
 __all__ = [

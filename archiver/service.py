@@ -69,7 +69,7 @@ from archiver.uploader import (
     head,
 )
 from manifests.commit import ManifestStore
-from manifests.errors import ManifestConflict, StaleTerm
+from manifests.errors import HistoryWithoutHead, ManifestConflict, StaleTerm
 from manifests.lease import PartitionId
 from manifests.manifest import PartitionManifest
 from manifests.spillover import ManifestSettings
@@ -193,6 +193,8 @@ class Archiver:
         self._partitions: dict[TopicPartition, _Partition] = {}
         self._topic_manifests: dict[tuple[str, str], TopicManifest] = {}  # by (topic, rev)
         self._stats = ArchiverStats(controller_shares=self._ctrl_output.shares)
+        #: partitions whose latest housekeeping found history lost (ArchiverStats)
+        self._history_lost: set[TopicPartition] = set()
         self._local = LocalLog(config.log_dirs)
         self._adopt()
 
@@ -447,9 +449,11 @@ class Archiver:
                 return row, 0
             except (TieredError, OSError) as err:
                 state.cursor.loaded = False
+                self._lost_history(state.tp, isinstance(err, HistoryWithoutHead))
                 row.decision, row.error = "error", f"{type(err).__name__}: {err}"
                 return row, 0
             cursor.manifest, cursor.etag = out.manifest, out.etag
+        self._lost_history(state.tp, out.lost_history)
         with self._lock:
             self._stats.commits_total += out.commits
         if out.errors:
@@ -686,10 +690,20 @@ class Archiver:
             self.ownership.node if role.uploader else None)
         return holder, role.name
 
+    def _lost_history(self, tp: TopicPartition, lost: bool) -> None:
+        """Keep the set of partitions whose housekeeping found lost history (a metric)."""
+        with self._lock:
+            if lost:
+                self._history_lost.add(tp)
+            else:
+                self._history_lost.discard(tp)
+            self._stats.partitions_lost_history = len(self._history_lost)
+
     def snapshot(self) -> ArchiverStats:
         """A consistent copy of the counters and gauges, for a metrics scrape."""
         with self._lock:
             s = self._stats
+            s.heads_restored_total = self.mstore.stats.restored
             stats = getattr(self.store, "stats", None)
             retry = stats.snapshot() if stats is not None and hasattr(stats, "snapshot") else {}
             return ArchiverStats(

@@ -102,6 +102,7 @@ def test_a_deleted_head_is_restored_from_its_copy_exactly(tmp_path: Path,
     assert etag is not None
     assert after.evolve(sequence=before.sequence) == before  # the same history, cutoff, start
     assert data_objects(s3_store, rev) >= objects  # nothing was collected
+    assert archiver.snapshot().heads_restored_total == 1
 
 
 def test_a_lost_head_without_copies_stops_the_partition_and_loses_nothing(

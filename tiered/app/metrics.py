@@ -77,6 +77,12 @@ ARCHIVER_METRICS: dict[str, _Scalar] = {
                                       "Objects deleted from the bucket by retention and GC."),
     "local_deleted_segments": _Scalar("local_deleted_segments_total", "counter",
                                       "Local segments deleted by local retention (enforce)."),
+    "partitions_lost_history": _Scalar("partitions_lost_history", "gauge",
+                                       "Partitions whose head is gone over their history, or "
+                                       "lost part of it: stopped, nothing collected; repair "
+                                       "with recover --rebuild-manifests."),
+    "heads_restored": _Scalar("heads_restored_total", "counter",
+                              "Head manifests restored from their copies."),
     "upload_backlog_bytes": _Scalar("pending_bytes", "gauge",
                                     "Local bytes not yet covered by a committed manifest."),
     "upload_backlog_ratio": _Scalar("backlog_ratio", "gauge",

@@ -22,13 +22,15 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from support.remote import LogImage, archive
+from support.s3 import condition_form
 from tiered.app.daemon import Daemon
 from tiered.config import Config, parse_config
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.local_log import LocalLog
 from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 from tiered.kafka.records import Header, iter_batches
-from tiered.store import open_store
+from tiered.store import StoreSettings, open_store
+from tiered.store.s3 import S3Store
 
 #: record timestamps start here, ms since the epoch, 3 ms apart
 T0_MS = 1_700_000_000_000
@@ -189,6 +191,18 @@ class History:
 
     def config(self, **kw: Any) -> Any:
         return kafka_config(self.base, self.storage, dirs=[self.log_dir], **kw)
+
+    def store_settings(self) -> StoreSettings:
+        s = self.storage
+        return StoreSettings(url=s["url"], endpoint_url=s["endpoint_url"], region="us-east-1",
+                             access_key="testing", secret_key="testing")
+
+    def store(self) -> S3Store:
+        """The bucket as tiered opens it, with the If-Match spelling the server enforces (Ceph
+        RGW compares the bare ETag): compare-and-swap tests fail every swap without it."""
+        store = S3Store(self.store_settings())
+        store.use_condition_form(condition_form(self.storage["endpoint_url"]))
+        return store
 
     def expected_bytes(self, topic: str, partition: int, offset: int, max_bytes: int,
                        *, first: bool = True) -> bytes:

@@ -32,7 +32,6 @@ from support.kafka_endpoint import (
 from manifests import keys
 from manifests.group_offsets import load_group_offsets
 from tiered.app.daemon import Daemon
-from tiered.store import S3Store, StoreSettings
 
 #: real Kafka clients against a daemon: the slow tier
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -165,9 +164,7 @@ def test_kafka_python_assign_and_seek_to_beginning(history: History, daemon: Dae
 
 
 def _group_offsets(history: History, group: str) -> dict[tuple[str, int], int]:
-    s = history.storage
-    with S3Store(StoreSettings(url=s["url"], endpoint_url=s["endpoint_url"], region="us-east-1",
-                               access_key="testing", secret_key="testing")) as store:
+    with history.store() as store:
         stored, etag = load_group_offsets(store, group)
         assert etag is not None, f"nothing at {keys.group_offsets_key(group)}"
     return {tp: c.offset for tp, c in stored.offsets.items()}

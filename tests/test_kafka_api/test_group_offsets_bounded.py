@@ -41,10 +41,7 @@ MAX_OFFSETS = 2
 
 
 def _store(history: History) -> S3Store:
-    s = history.storage
-    return S3Store(StoreSettings(url=s["url"], endpoint_url=s["endpoint_url"],
-                                 region="us-east-1", access_key="testing",
-                                 secret_key="testing"))
+    return history.store()
 
 
 def _stored(history: History, group: str) -> dict[tuple[str, int], CommittedOffset] | None:
@@ -260,10 +257,9 @@ def test_a_commit_racing_the_collector_is_not_lost(history: History, on: str) ->
     fresh = CommittedOffset(2, -1, "", now_ms)
     start = {(TOPIC, 0): old} if on == "head" else {(TOPIC, 0): old, (TOPIC, 1): fresh}
     racing = {(TXN_TOPIC, 0): CommittedOffset(9, -1, "raced", now_ms)}
-    s = history.storage
-    settings = StoreSettings(url=s["url"], endpoint_url=s["endpoint_url"], region="us-east-1",
-                             access_key="testing", secret_key="testing")
-    with _store(history) as plain, _RacingStore(settings, group, plain, racing, on) as store:
+    with _store(history) as plain, \
+            _RacingStore(history.store_settings(), group, plain, racing, on) as store:
+        store.use_condition_form(plain.condition_form)
         commit_group_offsets(plain, group, start)
         coordinator = GroupCoordinator(_settings(), store, limits=_limits(retention))
         coordinator.collect_expired(now_ms=now_ms)

@@ -24,16 +24,13 @@ from support.waiting import wait_until
 from manifests.group_offsets import CommittedOffset, commit_group_offsets, load_group_offsets
 from tiered.app.daemon import Daemon
 from tiered.cli.main import cli
-from tiered.store import S3Store, StoreSettings
+from tiered.store import S3Store
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def _store(history: History) -> S3Store:
-    s = history.storage
-    return S3Store(StoreSettings(url=s["url"], endpoint_url=s["endpoint_url"],
-                                 region="us-east-1", access_key="testing",
-                                 secret_key="testing"))
+    return history.store()
 
 
 def _offsets(history: History, group: str) -> dict[tuple[str, int], int] | None:

@@ -31,6 +31,7 @@ from archiver.space import (
     RetentionLimits,
     SpaceOutcome,
     SpaceParams,
+    SpacePlan,
     advise,
     plan_local_retention,
     plan_space_management,
@@ -117,6 +118,26 @@ def delete_segment(directory: Path, base_offset: int) -> None:
             continue
 
 
+def plan_deletions(
+    views: Sequence[PartitionView],
+    disk: DiskInfo,
+    params: SpaceParams,
+    now_ms: int,
+    *,
+    cursor: int,
+    others: Sequence[PartitionView] = (),
+) -> tuple[dict[tuple[str, int, int], Deletion], SpacePlan]:
+    """The segments routine retention and space management would delete, keyed by
+    (topic, partition, base offset), and the space plan: pure, so the caller can first prove
+    the partitions it touches (see `Archiver.local_retention`)."""
+    routine = plan_local_retention(views, now_ms, strict=params.retention_local_strict)
+    space = plan_space_management([*views, *others], disk, params, now_ms, cursor=cursor)
+    chosen: dict[tuple[str, int, int], Deletion] = {}
+    for d in (*routine, *space.deletions):
+        chosen.setdefault((d.topic, d.partition, d.segment.base_offset), d)
+    return chosen, space
+
+
 def enforce(
     views: Sequence[PartitionView],
     dirs: dict[tuple[str, int], Path],
@@ -130,11 +151,7 @@ def enforce(
     """Plan and carry out local deletions for `views` (partitions of tiered's topics, whose
     directories `dirs` names). `others` are partitions tiered does not archive; they count
     towards disk usage but are never touched."""
-    routine = plan_local_retention(views, now_ms, strict=params.retention_local_strict)
-    space = plan_space_management([*views, *others], disk, params, now_ms, cursor=cursor)
-    chosen: dict[tuple[str, int, int], Deletion] = {}
-    for d in (*routine, *space.deletions):
-        chosen.setdefault((d.topic, d.partition, d.segment.base_offset), d)
+    chosen, space = plan_deletions(views, disk, params, now_ms, cursor=cursor, others=others)
     by_view = {(v.topic, v.partition): v for v in views}
     result = LocalRetentionResult(space_outcome=space.outcome, next_cursor=space.next_cursor)
     if space.outcome is SpaceOutcome.BLOCKED_BY_UPLOAD_BACKLOG:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from archiver.local_retention import (
     combined_disk,
     enforce,
     partition_view,
+    plan_deletions,
     real_disk_usage,
 )
 from archiver.log_view import SegmentFacts, snapshot_of
@@ -69,7 +70,7 @@ from archiver.uploader import (
     head,
 )
 from manifests.commit import ManifestStore
-from manifests.errors import HistoryWithoutHead, ManifestConflict, StaleTerm
+from manifests.errors import CorruptManifest, HistoryWithoutHead, ManifestConflict, StaleTerm
 from manifests.lease import PartitionId
 from manifests.manifest import PartitionManifest
 from manifests.spillover import ManifestSettings
@@ -527,6 +528,37 @@ class Archiver:
                     # round reads the head again rather than trust this copy
                     s.cursor.manifest, s.cursor.etag, s.cursor.loaded = m, etag, False
 
+    def _unproven_heads(self, states: list[_Partition]) -> set[tuple[str, int]]:
+        """Partitions this node uploads whose head, read afresh, is missing, garbled or
+        covers less than this process last committed: their local segments stay
+        (docs/design.md, invariant 2: delete only what a freshly read, valid head covers). An
+        unreachable store is no such evidence; the committed copy this process holds still
+        counts. The caller holds every partition's lock."""
+        out: set[tuple[str, int]] = set()
+        for s in states:
+            if (not self.ownership.role(s.pid).uploader
+                    or not self.config.topic_config(s.tp.topic).remote_write):
+                continue
+            held = s.cursor.manifest
+            if held is None or held.last_offset < 0:
+                continue  # nothing this process would delete on
+            try:
+                m, _ = self.mstore.load(s.tp.topic, s.tp.partition, s.revision)
+            except CorruptManifest as err:
+                log.warning("%s: the head manifest is damaged (%s); no local segment is "
+                            "deleted until it is repaired", s.tp, err)
+                out.add((s.tp.topic, s.tp.partition))
+                continue
+            except (TieredError, OSError) as err:
+                log.debug("%s: could not read the head manifest: %s", s.tp, err)
+                continue
+            if m.last_offset < held.last_offset:
+                log.warning("%s: the head manifest in the bucket ends at %d, below %d this "
+                            "node committed (gone or replaced); no local segment is deleted",
+                            s.tp, m.last_offset, held.last_offset)
+                out.add((s.tp.topic, s.tp.partition))
+        return out
+
     @contextmanager
     def _all_locked(self, states: list[_Partition]) -> Iterator[None]:
         with ExitStack() as stack:
@@ -547,6 +579,16 @@ class Archiver:
             views, _, failed = self._views(states)
             now = self._now_ms()
             if enforcing:
+                # only partitions that would lose a segment read their head: an idle one
+                # costs no request; a head garbled or gone proves nothing, so nothing of it
+                # is deleted
+                planned, _ = plan_deletions(views, disk, self.space_params, now,
+                                            cursor=self._space_cursor)
+                touched = {(t, p) for t, p, _ in planned}
+                unproven = self._unproven_heads(
+                    [s for s in states if (s.tp.topic, s.tp.partition) in touched])
+                views = [replace(v, uploaded_last_offset=None)
+                         if (v.topic, v.partition) in unproven else v for v in views]
                 dirs = {(s.tp.topic, s.tp.partition): s.log.dir for s in states}
                 result = enforce(views, dirs, disk, self.space_params, now,
                                  cursor=self._space_cursor)

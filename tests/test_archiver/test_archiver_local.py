@@ -17,10 +17,13 @@ from support.archiving import (
     drain,
     load_manifest,
     make_config,
+    revision,
     write_partition,
 )
+from support.remote import CountingStore
 
 from archiver.service import Archiver
+from manifests.keys import partition_manifest_key
 from tiered.kafka.checkpoints import (
     LOG_START_OFFSET_CHECKPOINT,
     TopicPartition,
@@ -185,3 +188,55 @@ def test_kafka_internal_topics_are_left_alone_unless_a_topic_section_asks(
     assert logs(log_dir, "__consumer_offsets", 0) == before  # never trimmed
     assert len(logs(log_dir, "orders", 0)) < len(before)  # the pressure did trim the others
     assert not [i.key for i in file_store.list("") if "__consumer_offsets" in i.key]
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["new process", "same process"])
+@pytest.mark.parametrize("damage", ["garbled", "deleted"])
+def test_a_head_garbled_or_gone_from_the_bucket_deletes_no_local_segment(
+        tmp_path: Path, s3_store: ObjectStore, damage: str, fresh: bool) -> None:
+    """Local data is deleted only on proof: a head freshly read from the bucket and valid that
+    covers it. Once the head is damaged or gone, the local log may be the only copy left of
+    what it recorded, so an enforce-mode pass under disk pressure deletes nothing, whether
+    the process committed that head itself or never saw it."""
+    config = make_config(tmp_path, cluster=PRESSURE)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=30)
+    before = logs(log_dir, "orders", 0)
+    archiver = Archiver(config, s3_store, clock=Clock(), disk_usage=Disk(free=GiB))
+    drain(archiver)
+    assert load_manifest(s3_store, log_dir, "orders", 0).last_offset >= before[-1] - 1
+    key = partition_manifest_key("orders", 0, revision(log_dir, "orders", 0))
+    if damage == "garbled":
+        s3_store.put(key, b'{"version": 1, "segments": [')
+    else:
+        s3_store.delete_many([key])
+    if fresh:
+        archiver = Archiver(config, s3_store, clock=Clock(), disk_usage=Disk(free=GiB))
+    report = archiver.local_retention()
+    assert report.deleted_local_segments == 0
+    assert logs(log_dir, "orders", 0) == before
+    [row] = report.partitions
+    assert row.safe_to_delete_below == 0
+
+
+def test_local_retention_reads_a_head_only_where_it_would_delete(
+        tmp_path: Path, file_store: ObjectStore) -> None:
+    """The proof costs a request only where a segment would go: with no local target
+    exceeded, a pass over an archived partition asks the store nothing; under pressure it
+    reads that partition's head once and then deletes."""
+    config = make_config(tmp_path)
+    log_dir = config.log_dirs[0]
+    write_partition(log_dir, "orders", 0, batches=30)
+    counting = CountingStore(file_store)
+    archiver = Archiver(config, counting, clock=Clock(), disk_usage=Disk(free=GiB))
+    drain(archiver)
+    counting.calls.clear()
+    assert archiver.local_retention().deleted_local_segments == 0
+    assert counting.calls == {}
+    pressed = Archiver(make_config(tmp_path, cluster=PRESSURE), counting, clock=Clock(),
+                       disk_usage=Disk(free=GiB))
+    drain(pressed)
+    counting.calls.clear()
+    report = pressed.local_retention()
+    assert report.deleted_local_segments > 0
+    assert counting.calls == {"get": 1}

@@ -12,6 +12,7 @@
     group_initial_rebalance_delay_ms = 3000
     group_min_session_timeout_ms = 6000
     group_max_session_timeout_ms = "30m"
+    catalog_refresh_ms = "10s"      # how often the bucket's topic list is read again
 
 Pure parsing: every problem is reported through `add(where, message)`, naming the key. Whether
 the certificate files load is checked when the daemon starts (`tiered.app.kafka_api.server`).
@@ -67,6 +68,9 @@ class KafkaConfig:
     #: the session timeouts a joining member may ask for (Kafka's group.*.session.timeout.ms)
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
+    #: how often the bucket's topics are listed again for Metadata, ListOffsets and the group
+    #: APIs (docs/kafka-api.md, "The topic catalog")
+    catalog_refresh_ms: int = 10_000
 
     @property
     def tls(self) -> bool:
@@ -81,6 +85,7 @@ _NUMBERS: dict[str, tuple[Callable[[object], int], int]] = {
     "group_initial_rebalance_delay_ms": (parse_duration_ms, 0),
     "group_min_session_timeout_ms": (parse_duration_ms, 1),
     "group_max_session_timeout_ms": (parse_duration_ms, 1),
+    "catalog_refresh_ms": (parse_duration_ms, 100),
 }
 KAFKA_KEYS: tuple[str, ...] = ("listen", "advertised", "tls_cert", "tls_key", *_NUMBERS)
 

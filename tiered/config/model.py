@@ -307,6 +307,7 @@ def _kafka_effective(k: KafkaConfig) -> dict[str, Any]:
         "group_initial_rebalance_delay_ms": k.group_initial_rebalance_delay_ms,
         "group_min_session_timeout_ms": k.group_min_session_timeout_ms,
         "group_max_session_timeout_ms": k.group_max_session_timeout_ms,
+        "catalog_refresh_ms": k.catalog_refresh_ms,
     }
 
 

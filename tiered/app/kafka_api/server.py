@@ -143,9 +143,11 @@ class KafkaServer:
             max_session_timeout_s=c.group_max_session_timeout_ms / 1000), reader.store,
             prove_writes=prove_writes, clock=self._clock)
         host, port = self.advertised
+        catalog = Catalog(reader, refresh_s=c.catalog_refresh_ms / 1000, clock=self._clock)
         self.services = Services(
-            reader, Catalog(reader, clock=self._clock), groups, Node(NODE_ID, host, port),
+            reader, catalog, groups, Node(NODE_ID, host, port),
             topic_id_to_str(uuid.uuid5(_CLUSTER_NAMESPACE, bucket_url)), clock=self._clock)
+        catalog.start()
         groups.start()
         self._accepting = threading.Thread(target=self._accept_loop, name="tiered-kafka",
                                            daemon=True)
@@ -160,6 +162,7 @@ class KafkaServer:
         if svc is not None:
             svc.stopping.set()
             svc.groups.stop()
+            svc.catalog.close()
         if self._accepting is not None:
             self._accepting.join()
             self._accepting = None

@@ -56,7 +56,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from tiered.app.health import DaemonState, JobCounters, health_of
+from tiered.app.health import DaemonState, Health, JobCounters, health_of
+from tiered.app.health_checks import CacheDiskCheck, ReadStoreCheck
 from tiered.app.http_server import MetricsServer, Response
 from tiered.app.metrics import (
     ArchiverCollector,
@@ -245,6 +246,8 @@ class Daemon:
         self._new_keeper = new_keeper
         self._scheduler: Scheduler | None = None
         self.reader: Reader | None = None
+        #: the read path's checks behind /health while `reader` serves (None otherwise)
+        self._read_checks: tuple[CacheDiskCheck, ReadStoreCheck] | None = None
         #: the Kafka endpoint ([kafka] section), bound below; None without one
         self.kafka: KafkaServer | None = None
         self._clock = clock
@@ -264,8 +267,7 @@ class Daemon:
         try:
             self.server = MetricsServer(
                 self.options.metrics_host, self.options.metrics_port, registry,
-                lambda: health_of(self.state, self._clock(), cache_problem=(
-                    None if self.reader is None else self.reader.cache.write_problem)),
+                self._health,
                 routes={RECORDS_PREFIX: self._records},
             )
         except OSError as exc:
@@ -301,6 +303,18 @@ class Daemon:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    def _health(self) -> Health:
+        """`/health` (HTTP threads): the published state and the read path's checks."""
+        reader, checks = self.reader, self._read_checks
+        cache_problem = read_store = None
+        if reader is not None and checks is not None:
+            disk_check, store_check = checks
+            found = [p for p in (disk_check.problem(), reader.cache.write_problem) if p]
+            cache_problem = "; ".join(found) if found else None
+            read_store = store_check.problem()
+        return health_of(self.state, self._clock(), cache_problem=cache_problem,
+                         read_store_problem=read_store)
+
     def _publish(self, **changes: object) -> None:
         self.state = dataclasses.replace(self.state, **changes)  # type: ignore[arg-type]
 
@@ -328,6 +342,7 @@ class Daemon:
         """Archive and serve HTTP (and Kafka) with `reader` behind `/v1/`; the servers stop
         (requests in flight drained) before the caller closes the reader."""
         self.reader = reader
+        self._read_checks = _read_checks(reader)
         self.server.start()
         what = ("a history server (no log dirs)" if self.config.history_server
                 else "archiving " + ", ".join(map(str, self.config.log_dirs)))
@@ -343,6 +358,7 @@ class Daemon:
                 self.kafka.stop()
             self.server.stop()
             self.reader = None
+            self._read_checks = None
 
     # --- the Kafka endpoint (docs/kafka-api.md) ---------------------------------------------
 
@@ -583,6 +599,17 @@ class Daemon:
         if report.deleted_remote_objects:
             log.info("%s: deleted %d object(s) from the bucket", name,
                      report.deleted_remote_objects)
+
+
+def _read_checks(reader: Reader) -> tuple[CacheDiskCheck, ReadStoreCheck]:
+    """The /health checks of `reader`: its cache's disk, and its store's latest request
+    (`RetryStats.last_failure`; a store without one, such as `file://`, never fails it)."""
+    stats = getattr(reader.store, "stats", None)
+    last_failure = getattr(stats, "last_failure", None)
+    failure: Callable[[], tuple[float, str] | None] = (
+        last_failure if callable(last_failure) else lambda: None)
+    return (CacheDiskCheck(reader.cache.root, reader.cache.settings.chunk_size),
+            ReadStoreCheck(failure))
 
 
 def _snapshot(archiver: Archiver) -> ArchiverStats | None:

@@ -43,12 +43,12 @@ class _Usage(Protocol):
 
 class CacheDiskCheck:
     """Whether the cache directory `root` can take a chunk of `chunk_size` bytes; see the
-    module docstring. Thread-safe. `usage` (`shutil.disk_usage`) and `write` (`os.write`)
-    are injectable: tests fill the disk without filling one."""
+    module docstring. Thread-safe. `usage` (default `shutil.disk_usage`) and `write`
+    (`os.write`) are injectable: tests fill the disk without filling one."""
 
     def __init__(self, root: Path, chunk_size: int, *, ttl_s: float = CACHE_CHECK_TTL_S,
                  clock: Callable[[], float] = time.monotonic,
-                 usage: Callable[[Path], _Usage] = shutil.disk_usage,
+                 usage: Callable[[Path], _Usage] | None = None,
                  write: disk.Writer | None = None) -> None:
         self.root = root
         self.chunk_size = chunk_size
@@ -78,8 +78,9 @@ class CacheDiskCheck:
             write_error = str(exc)
         except OSError as exc:  # removing it failed: the directory is not usable either
             write_error = f"{self.root}: {exc.strerror or exc}"
+        usage = self._usage if self._usage is not None else shutil.disk_usage
         try:
-            free: int | None = self._usage(self.root).free
+            free: int | None = usage(self.root).free
         except OSError:
             free = None
         return cache_disk_problem(str(self.root), free_bytes=free,

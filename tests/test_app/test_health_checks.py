@@ -251,5 +251,5 @@ def test_health_is_degraded_while_the_read_path_cannot_reach_the_store(
         assert "InternalError" in body["read_store_error"]
         proxy.reset()  # the store answers again
         assert _read(daemon, 1, 0) == 200
-        body = _health(daemon)
-        assert body["status"] == "ok" and "read_store_error" not in body
+        wait_until(lambda: _health(daemon)["status"] == "ok", "health to recover")
+        assert "read_store_error" not in _health(daemon)

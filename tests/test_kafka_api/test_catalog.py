@@ -91,8 +91,10 @@ def serving(history: History, tmp_path: Path, moto_endpoint: str,
             server.start(reader, config.storage.url)
             try:
                 endpoint = Endpoint(server, proxy, clock)
-                # the first refresh (the lookup waits for it): the archived topics are known
-                assert _metadata(endpoint, [TOPIC])[TOPIC] == (ErrorCode.none, 2)
+                # the first refresh: the archived topics are known (until then, not local,
+                # they are LEADER_NOT_AVAILABLE: nobody can tell yet)
+                wait_until(lambda: _metadata(endpoint, [TOPIC])[TOPIC] == (ErrorCode.none, 2),
+                           "the catalog's first refresh")
                 yield endpoint
             finally:
                 proxy.release_held()
@@ -238,7 +240,10 @@ def test_a_topic_new_in_the_bucket_is_found_by_a_lookup_that_misses(
         assert _metadata(endpoint, ["fresh"])["fresh"][0] == ErrorCode.unknown_topic_or_partition
         assert endpoint.proxy.seen() == []
         endpoint.clock.advance(catalog_module.MISS_REFRESH_S)
-        assert _metadata(endpoint, ["fresh"]) == {"fresh": (ErrorCode.none, 3)}
+        # the next miss refreshes (its answer waits a moment for it; a loaded machine may
+        # need longer, and the lookups meanwhile ask for nothing more: the clock stands still)
+        wait_until(lambda: _metadata(endpoint, ["fresh"]) == {"fresh": (ErrorCode.none, 3)},
+                   "the refresh a miss asked for to find the new topic")
         assert endpoint.lists() == ONE_REFRESH
         assert len(endpoint.proxy.seen(method="GET")) == ONE_REFRESH + 1  # its manifest, once
 

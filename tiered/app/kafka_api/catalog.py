@@ -58,7 +58,7 @@ REFRESH_S = 10.0
 MISS_REFRESH_S = 3.0
 #: how long a lookup waits for the refresh its miss asked for (or, right after the start, for
 #: the first one); then it answers from the snapshot as it is
-MISS_WAIT_S = 2.0
+MISS_WAIT_S = 1.0
 #: store requests one refresh has in flight at once: the endpoint's own budget
 STORE_CONCURRENCY = 4
 #: seconds `close` waits for a refresh stuck on the store before leaving it behind

@@ -56,9 +56,12 @@ REFRESH_S = 10.0
 #: a lookup of a name the snapshot does not hold refreshes it at most this often: seconds
 #: from the end of the last refresh, whatever the number of names, requests or clients
 MISS_REFRESH_S = 3.0
-#: how long a lookup waits for the refresh its miss asked for (or, right after the start, for
-#: the first one); then it answers from the snapshot as it is
+#: how long a lookup waits for the refresh its miss asked for; then it answers from the
+#: snapshot as it is
 MISS_WAIT_S = 1.0
+#: lookups in the first seconds after `start` wait for the first refresh until this long after
+#: it (a client connecting at once must not be told the bucket has no topics)
+FIRST_WAIT_S = 5.0
 #: store requests one refresh has in flight at once: the endpoint's own budget
 STORE_CONCURRENCY = 4
 #: seconds `close` waits for a refresh stuck on the store before leaving it behind
@@ -150,7 +153,7 @@ class Catalog:
         with self._cond:
             if self._thread is not None:
                 return
-            self._first_wait_until = time.monotonic() + MISS_WAIT_S
+            self._first_wait_until = time.monotonic() + FIRST_WAIT_S
             self._pool = ThreadPoolExecutor(STORE_CONCURRENCY,
                                             thread_name_prefix="kafka-catalog-store")
             self._thread = threading.Thread(target=self._run, name="kafka-catalog",
@@ -254,7 +257,7 @@ class Catalog:
     # -- the snapshot ----------------------------------------------------------------------
 
     def _current(self) -> _Snapshot | None:
-        """The snapshot; right after `start`, waits (up to `MISS_WAIT_S` after it) for the
+        """The snapshot; right after `start`, waits (until `FIRST_WAIT_S` after it) for the
         first refresh."""
         with self._cond:
             if self._generation == 0 and self._thread is not None:

@@ -56,7 +56,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from tiered.app.health import DaemonState, JobCounters, health_of
+from tiered.app.health import DaemonState, Health, JobCounters, health_of
+from tiered.app.health_checks import CacheDiskCheck, ReadStoreCheck
 from tiered.app.http_auth import HttpGuard, http_ssl_context, policy_of
 from tiered.app.http_server import HttpServer, Response
 from tiered.app.metrics import (
@@ -248,6 +249,8 @@ class Daemon:
         self._new_keeper = new_keeper
         self._scheduler: Scheduler | None = None
         self.reader: Reader | None = None
+        #: the read path's checks behind /health while `reader` serves (None otherwise)
+        self._read_checks: tuple[CacheDiskCheck, ReadStoreCheck] | None = None
         #: the Kafka endpoint ([kafka] section), bound below; None without one
         self.kafka: KafkaServer | None = None
         self._clock = clock
@@ -272,8 +275,7 @@ class Daemon:
             http = config.http
             self.server = HttpServer(
                 self.options.metrics_host, self.options.metrics_port, registry,
-                lambda: health_of(self.state, self._clock(), cache_problem=(
-                    None if self.reader is None else self.reader.cache.write_problem)),
+                self._health,
                 routes={RECORDS_PREFIX: self._records}, ssl_context=https,
                 guard=self._check_http if config.http.auth == "basic" else None,
                 limits=Limits(max_connections=http.max_connections,
@@ -314,6 +316,18 @@ class Daemon:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    def _health(self) -> Health:
+        """`/health` (HTTP threads): the published state and the read path's checks."""
+        reader, checks = self.reader, self._read_checks
+        cache_problem = read_store = None
+        if reader is not None and checks is not None:
+            disk_check, store_check = checks
+            found = [p for p in (disk_check.problem(), reader.cache.write_problem) if p]
+            cache_problem = "; ".join(found) if found else None
+            read_store = store_check.problem()
+        return health_of(self.state, self._clock(), cache_problem=cache_problem,
+                         read_store_problem=read_store)
+
     def _publish(self, **changes: object) -> None:
         self.state = dataclasses.replace(self.state, **changes)  # type: ignore[arg-type]
 
@@ -342,6 +356,7 @@ class Daemon:
         (requests in flight drained) before the caller closes the reader."""
         self.reader = reader
         self._start_security(reader)
+        self._read_checks = _read_checks(reader)
         self.server.start()
         what = ("a history server (no log dirs)" if self.config.history_server
                 else "archiving " + ", ".join(map(str, self.config.log_dirs)))
@@ -359,6 +374,7 @@ class Daemon:
             if self.security is not None:
                 self.security.stop()
             self.reader = None
+            self._read_checks = None
 
     # --- security (docs/security.md) ---------------------------------------------------------
 
@@ -621,6 +637,17 @@ class Daemon:
         if report.deleted_remote_objects:
             log.info("%s: deleted %d object(s) from the bucket", name,
                      report.deleted_remote_objects)
+
+
+def _read_checks(reader: Reader) -> tuple[CacheDiskCheck, ReadStoreCheck]:
+    """The /health checks of `reader`: its cache's disk, and its store's latest request
+    (`RetryStats.last_failure`; a store without one, such as `file://`, never fails it)."""
+    stats = getattr(reader.store, "stats", None)
+    last_failure = getattr(stats, "last_failure", None)
+    failure: Callable[[], tuple[float, str] | None] = (
+        last_failure if callable(last_failure) else lambda: None)
+    return (CacheDiskCheck(reader.cache.root, reader.cache.settings.chunk_size),
+            ReadStoreCheck(failure))
 
 
 def _snapshot(archiver: Archiver) -> ArchiverStats | None:

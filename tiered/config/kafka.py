@@ -21,6 +21,7 @@
     max_partitions_per_fetch = 1000 # partitions one Fetch reads; the rest wait their turn
     request_timeout_ms = "30s"      # a request must be whole this long after its first byte
     max_connections_per_ip = 100    # default 2147483647 (Kafka's): max_connections alone
+    catalog_refresh_ms = "10s"      # how often the bucket's topic list is read again
 
 Pure parsing: every problem is reported through `add(where, message)`, naming the key. Whether
 the certificate files load is checked when the daemon starts (`tiered.app.kafka_api.server`).
@@ -102,6 +103,9 @@ class KafkaConfig:
     max_connections_per_ip: int = 2**31 - 1
     #: SASL, mutual TLS and ACL settings (tiered.config.security; docs/security.md)
     security: KafkaSecurity = KafkaSecurity()
+    #: how often the bucket's topics are listed again for Metadata, ListOffsets and the group
+    #: APIs (docs/kafka-api.md, "The topic catalog")
+    catalog_refresh_ms: int = 10_000
 
     @property
     def tls(self) -> bool:
@@ -125,6 +129,7 @@ _NUMBERS: dict[str, tuple[Callable[[object], int], int]] = {
     "max_partitions_per_fetch": (parse_int, 1),
     "request_timeout_ms": (parse_duration_ms, 1000),
     "max_connections_per_ip": (parse_int, 1),
+    "catalog_refresh_ms": (parse_duration_ms, 100),
 }
 #: largest values of the keys that have one
 _HIGHEST = {"offset_metadata_max_bytes": 1 << 20}

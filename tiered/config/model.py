@@ -327,6 +327,7 @@ def _kafka_effective(k: KafkaConfig) -> dict[str, Any]:
         "request_timeout_ms": k.request_timeout_ms,
         "max_connections_per_ip": k.max_connections_per_ip,
         **_security_effective(k),
+        "catalog_refresh_ms": k.catalog_refresh_ms,
     }
 
 

@@ -150,11 +150,25 @@ class RetryStats:
     latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     latency_sum_us: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    #: (time.monotonic(), message) of the latest operation when it failed; None once one
+    #: finished with the store's answer (a missing key and a lost condition are answers)
+    _failure: tuple[float, str] | None = field(default=None, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
         with self._lock:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
+
+    def outcome(self, failure: str | None) -> None:
+        """The operation that just ended failed with `failure`, or (None) got an answer: what
+        `/health` reads to tell a store the read path cannot reach."""
+        with self._lock:
+            self._failure = None if failure is None else (time.monotonic(), failure)
+
+    def last_failure(self) -> tuple[float, str] | None:
+        """(time.monotonic() when, message) of the latest operation if it failed, else None."""
+        with self._lock:
+            return self._failure
 
     def observe(self, seconds: float) -> None:
         """One operation took `seconds`."""
@@ -298,17 +312,19 @@ class Retrier:
         stats.add(operations=1)
         started = time.monotonic()
         try:
-            return retrying(counted)
+            result = retrying(counted)
         except StoreError as exc:
             # already a domain error (raised by `fn` itself): pass through untouched
             if not isinstance(exc, ANSWERS):
                 stats.add(errors=1)
+            stats.outcome(None if isinstance(exc, ANSWERS) else str(exc))
             raise
         except Exception as exc:
             retryable = self.classify(exc)
             mapped = map_error(exc, attempts)
             if not isinstance(mapped, ANSWERS):
                 stats.add(errors=1, exhausted=1 if retryable else 0)
+            stats.outcome(None if isinstance(mapped, ANSWERS) else str(mapped))
             if retryable:
                 log.error(
                     "store %s %r: giving up after %d attempts: %s%s",
@@ -319,6 +335,9 @@ class Retrier:
                     UNREACHABLE_HINT if is_unreachable(exc) else "",
                 )
             raise mapped from exc
+        else:
+            stats.outcome(None)
+            return result
         finally:
             stats.observe(time.monotonic() - started)
 

@@ -10,7 +10,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from manifests.security import Operation
-from tiered.app.kafka_api.catalog import Topic
+from tiered.app.kafka_api.catalog import LocalTopics, Topic
 from tiered.app.kafka_api.context import READ_ONLY, Connection, Services, error_code_of, log
 from tiered.app.kafka_api.messages import build, nested, response_class
 from tiered.app.kafka_api.wire import Reply, Request
@@ -38,6 +38,7 @@ def handle_metadata(svc: Services, conn: Connection, req: Request) -> Reply:
         topics = [_topic_entry(cls, svc, t) for t in svc.catalog.topics()
                   if svc.guard.topic(conn, Operation.DESCRIBE, t.name)]
     else:
+        local = svc.catalog.local_topics()  # once per request, not once per name
         for asked in wanted:
             name = asked.name
             topic_id = getattr(asked, "topic_id", None)
@@ -46,7 +47,7 @@ def handle_metadata(svc: Services, conn: Connection, req: Request) -> Reply:
             if name is not None and not svc.guard.topic(conn, Operation.DESCRIBE, name):
                 topics.append(_denied(cls, name, topic_id))
                 continue
-            topics.append(_lookup(cls, svc, name, topic_id))
+            topics.append(_lookup(cls, svc, name, topic_id, local))
     node = svc.node
     broker = build(nested(cls, "MetadataResponseBroker"), node_id=node.node_id, host=node.host,
                    port=node.port, rack=None)
@@ -64,15 +65,16 @@ def _denied(cls: type[Any], name: str, topic_id: Any) -> Any:
                  topic_authorized_operations=NO_OPERATIONS, **fields)
 
 
-def _lookup(cls: type[Any], svc: Services, name: str | None, topic_id: Any) -> Any:
+def _lookup(cls: type[Any], svc: Services, name: str | None, topic_id: Any,
+            local: LocalTopics) -> Any:
     entry = nested(cls, "MetadataResponseTopic")
     if name is None:
         return build(entry, error_code=ErrorCode.unknown_topic_id, name=None, topic_id=topic_id,
                      topic_authorized_operations=NO_OPERATIONS)
     try:
-        topic = svc.catalog.topic(name)
-    except TieredError as exc:
-        log.warning("metadata of %s: %s", name, exc)
+        topic = svc.catalog.topic(name, local)
+    except TieredError as exc:  # the bucket was never read; the catalog logged why, once
+        log.debug("metadata of %s: %s", name, exc)
         return build(entry, error_code=ErrorCode.leader_not_available, name=name,
                      topic_authorized_operations=NO_OPERATIONS)
     if topic is None:
@@ -124,21 +126,41 @@ def handle_find_coordinator(svc: Services, conn: Connection, req: Request) -> Re
 
 def handle_list_offsets(svc: Services, conn: Connection, req: Request) -> Reply:
     """Earliest (-2: bucket included), latest (-1: the high watermark) or the first offset
-    at or after a timestamp, per partition."""
+    at or after a timestamp, per partition. A topic or partition the catalog does not hold
+    is UNKNOWN_TOPIC_OR_PARTITION without a store request."""
     cls = response_class(LIST_OFFSETS, req.api_version)
     topic_cls = nested(cls, "ListOffsetsTopicResponse")
     part_cls = nested(cls, "ListOffsetsPartitionResponse")
     reader = svc.reader
+    local = svc.catalog.local_topics()  # once per request, not once per name
     topics = []
     for t in req.body.topics:
         parts = []
         allowed = svc.guard.topic(conn, Operation.READ, t.name)
+        unknown: ErrorCode | None = None
+        count = 0
+        if allowed:  # a topic the principal may not read is not looked up (nor revealed)
+            try:
+                topic = svc.catalog.topic(t.name, local)
+            except TieredError as exc:  # the bucket was never read: retriable, and the
+                log.debug("list offsets of %s: %s", t.name, exc)  # catalog logged the cause
+                unknown = ErrorCode.leader_not_available
+            else:
+                if topic is None:
+                    unknown = ErrorCode.unknown_topic_or_partition
+                else:
+                    count = topic.partitions
         for p in t.partitions:
             fields: dict[str, Any] = {"partition_index": p.partition_index,
                                       "error_code": ErrorCode.none, "timestamp": NO_TIMESTAMP,
                                       "offset": -1, "leader_epoch": -1}
             if not allowed:
                 fields["error_code"] = ErrorCode.topic_authorization_failed
+                parts.append(build(part_cls, **fields))
+                continue
+            if unknown is not None or not 0 <= p.partition_index < count:
+                fields["error_code"] = (ErrorCode.unknown_topic_or_partition if unknown is None
+                                        else unknown)
                 parts.append(build(part_cls, **fields))
                 continue
             try:

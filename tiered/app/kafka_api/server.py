@@ -163,11 +163,13 @@ class KafkaServer:
                 check_interval_s=c.offsets_retention_check_interval_ms / 1000),
             prove_writes=prove_writes, clock=self._clock)
         host, port = self.advertised
+        catalog = Catalog(reader, refresh_s=c.catalog_refresh_ms / 1000, clock=self._clock)
         self.services = Services(
-            reader, Catalog(reader, clock=self._clock), groups, Node(NODE_ID, host, port),
+            reader, catalog, groups, Node(NODE_ID, host, port),
             topic_id_to_str(uuid.uuid5(_CLUSTER_NAMESPACE, bucket_url)), clock=self._clock,
             fetch_limits=FetchLimits(c.fetch_max_bytes, c.max_partitions_per_fetch),
             guard=self._guard)
+        catalog.start()
         groups.start()
         self._server.start()
         log.info("Kafka endpoint on %s%s (advertised as %s:%d), read-only", self.listen_address,
@@ -194,6 +196,7 @@ class KafkaServer:
         if svc is not None:
             svc.stopping.set()
             svc.groups.stop()
+            svc.catalog.close()
         self._server.stop()
         if self._own_view is not None:
             self._own_view.stop()

@@ -12,6 +12,7 @@ down or its listings hang."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import threading
 from collections.abc import Iterator
@@ -43,7 +44,7 @@ from tiered.store import open_store
 
 pytestmark = pytest.mark.timeout(300)
 
-LIST_OFFSETS, METADATA = 2, 3
+FETCH, LIST_OFFSETS, METADATA = 1, 2, 3
 #: the store requests of one refresh of the catalog: one LIST per topic-manifest prefix
 ONE_REFRESH = len(keys.topic_manifest_prefixes())
 #: a client's own bound on one answer: a correctness bound, not a measurement
@@ -169,6 +170,38 @@ def test_list_offsets_of_unknown_topics_and_partitions_asks_the_store_nothing(
         got = _list_offsets(endpoint, asked)
         assert [(t, p) for t, p, _e, _o in got] == asked
         assert {(e, o) for _t, _p, e, o in got} == {(ErrorCode.unknown_topic_or_partition, -1)}
+        assert endpoint.proxy.seen() == []
+
+
+def _fetch(endpoint: Endpoint, asked: list[tuple[str, int]]) -> list[tuple[str, int, ErrorCode]]:
+    """(topic, partition, error code) of a Fetch v12 from offset 0 of each of `asked`."""
+    cls = request_class(FETCH, 12)
+    part_cls, topic_cls = nested(cls, "FetchPartition"), nested(cls, "FetchTopic")
+    by_topic: dict[str, list[int]] = {}
+    for name, p in asked:
+        by_topic.setdefault(name, []).append(p)
+    topics = tuple(build(topic_cls, topic=name, partitions=tuple(
+        build(part_cls, partition=p, fetch_offset=0, partition_max_bytes=1024,
+              current_leader_epoch=-1, last_fetched_epoch=-1, log_start_offset=-1)
+        for p in parts)) for name, parts in by_topic.items())
+    with contextlib.closing(endpoint.client()) as c:
+        got = c.request(build(cls, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0,
+                              max_bytes=1 << 20, isolation_level=0, session_id=0,
+                              session_epoch=-1, topics=topics, forgotten_topics_data=(),
+                              rack_id=""))
+    return [(t.topic, p.partition_index, p.error_code) for t in got.responses
+            for p in t.partitions]
+
+
+def test_fetch_of_unknown_topics_and_partitions_asks_the_store_nothing(
+        history: History, tmp_path: Path, moto_endpoint: str) -> None:
+    with serving(history, tmp_path, moto_endpoint) as endpoint:
+        assert _list_offsets(endpoint, [(TOPIC, 1)])[0][2] == ErrorCode.none  # catalog read
+        endpoint.proxy.reset()
+        asked = [(n, 0) for n in _unknown_names(300)] + [(TOPIC, 2), (TOPIC, 99), (TOPIC, -1)]
+        got = _fetch(endpoint, asked)
+        assert [(t, p) for t, p, _e in got] == asked
+        assert {e for _t, _p, e in got} == {ErrorCode.unknown_topic_or_partition}
         assert endpoint.proxy.seen() == []
 
 

@@ -33,8 +33,8 @@ _MAPPED_FILES = 16
 
 class CacheState:
     """The entries of one cache directory and the lock they change under (see the module
-    docstring). Methods named without "locked" expect the caller to hold `lock` unless their
-    docstring says they take it."""
+    docstring). Its methods expect the caller to hold `lock`, but for those whose docstring
+    says they take it."""
 
     def __init__(self, root: Path, settings: CacheSettings, *, clock: Callable[[], float],
                  write: disk.Writer) -> None:

@@ -235,7 +235,6 @@ class Streams:
                        first: CacheEntry | None, stream: _Stream) -> None:
         """The read-ahead thread: one request from chunk `first_index` to the segment's end,
         each chunk verified and stored as its bytes arrive (see the module docstring)."""
-        assert self.streamer is not None  # noqa: S101 - start_stream checks
         state = self.state
         body = None
         try:
@@ -245,13 +244,7 @@ class Streams:
                 if entry is None:
                     return
                 if index == first_index:  # the request goes out once its first chunk is due
-                    try:
-                        body = self._take_early(seg.key) if index == 0 else None
-                        if body is None:
-                            body = self.streamer(seg.key, seg.bounds(first_index)[0],
-                                                 seg.size, to_end=True)
-                    except Exception as err:  # the chunk-by-chunk path reports store errors
-                        log.debug("read-ahead of %s could not start: %s", seg.key, err)
+                    body = self._request(seg, first_index)
                 begin, end = seg.bounds(index)
                 with state.cond:  # on it: a reader joining this chunk has not overtaken us
                     stream.next_index = index + 1
@@ -282,6 +275,21 @@ class Streams:
                     del self.streams[(reader, seg.key)]
                     self._wake_next(reader, seg.key)
                 state.cond.notify_all()
+
+    def _request(self, seg: SegmentInfo, first_index: int) -> ByteStream | None:
+        """The stream's request from chunk `first_index` to the segment's end: the early one
+        (`request_early`) for chunk 0 if there is one, else sent now; None when it could not
+        be sent (the chunk-by-chunk path then reports the store's error)."""
+        assert self.streamer is not None  # noqa: S101 - start_stream checks
+        try:
+            body = self._take_early(seg.key) if first_index == 0 else None
+            if body is None:
+                body = self.streamer(seg.key, seg.bounds(first_index)[0], seg.size,
+                                     to_end=True)
+        except Exception as err:  # the chunk-by-chunk path reports store errors
+            log.debug("read-ahead of %s could not start: %s", seg.key, err)
+            return None
+        return body
 
     def stream_chunk(self, seg: SegmentInfo, index: int, entry: CacheEntry) -> bool:
         """Download chunk `index` for `entry` (pinned and reserved by the caller, who keeps

@@ -1,5 +1,6 @@
 """The pieces of the chunk cache on their own, over a `CacheState` and nothing else: room
-(`cache.space`) and the write-behind (`cache.write_behind`)."""
+(`cache.space`), the write-behind (`cache.write_behind`) and one chunk's single-flight
+download (`cache.hydration`)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cache_fakes import Fetcher, layout, make_segment, verifier
 from support.waiting import wait_until
 
 from cache import disk
 from cache.accounting import CacheSettings
 from cache.buffers import ChunkBuffers
-from cache.entries import CacheEntry
+from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheFullError
 from cache.eviction import ChunkId, make_strategy
+from cache.hydration import Hydration
 from cache.space import Space
 from cache.state import CacheState
 from cache.write_behind import WriteBehind
@@ -99,3 +102,25 @@ def test_a_chunk_in_memory_is_written_behind_to_its_file(state: CacheState) -> N
     assert not entry.in_memory and state.in_memory == {} and entry.crcs is not None
     assert buffers.lent_bytes == 0  # its buffer given back
     wait_until(lambda: not writer.writing and not writer.watching, "the threads to end")
+
+
+def test_readers_of_one_chunk_share_one_download(tmp_path: Path) -> None:
+    data = make_segment()
+    fetch = Fetcher({KEY: data})
+    state = CacheState(tmp_path, CacheSettings(size_bytes=len(data), chunk_size=4096),
+                       clock=lambda: 0.0, write=os.write)
+    space = make_space(state)
+    hydration = Hydration(state, space, WriteBehind(state, None), fetch, download_attempts=3)
+    seg = SegmentInfo(KEY, len(data), tuple(layout(data, 4096)), verifier(KEY), False)
+    first, mine, download = hydration.pin(seg.chunk_ids[0], seg.bounds(0), prefetch=False)
+    second, theirs, joined = hydration.pin(seg.chunk_ids[0], seg.bounds(0), prefetch=False)
+    assert mine and not theirs and second is first and joined is download
+    assert joined is not None and not joined.done()  # the second reader waits for the first
+    fetched = hydration.download(seg, 0, first)
+    begin, end = seg.bounds(0)
+    assert fetched == data[begin:end] and fetch.calls == [(KEY, begin, end)]
+    assert hydration.wait_ready(seg, 0, second, joined, None) is None  # done, nothing raised
+    assert hydration.load(seg, 0, second, 0, end - begin) == data[begin:end]
+    counters = state.counters
+    assert (counters["misses"], counters["joined"], counters["overshoots"]) == (1, 1, 0)
+    assert first.pins == 2 and state.used_bytes == end - begin

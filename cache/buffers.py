@@ -5,7 +5,7 @@ dropped as soon as that consumer moves past it: writing it to the cache director
 cost a copy into new file pages, their block checksums and the pages' release, for nothing
 (docs/remote-read.md, "Chunks in memory"). So a streamed chunk is received into a buffer of
 this pool, checked and served from there, and written to its file only if the cache still
-holds it once its readers have let it go (`ChunkCache`'s write-behind).
+holds it once its readers have let it go (`cache.write_behind`).
 
 Each buffer is a `memfd` (anonymous shared memory with a descriptor, so a range of it can be
 sent with sendfile or read with pread like a chunk file) mapped once, read-write. A buffer

@@ -323,13 +323,13 @@ def test_a_release_between_a_read_and_its_holds_cannot_evict_the_readers_chunk(
     cache = ChunkCache(tmp_path, CacheSettings(size_bytes=64 * CHUNK, chunk_size=CHUNK), fetch,
                        disk_capacity=1 << 40, strategy="eager")
     seg = cache.open_segment(KEY, len(data), layout(data, CHUNK), verifier(KEY))
-    after_read = cache._after_read
+    after_read = cache._reads.after_read
 
     def racer_releases_first(*args: Any, **kwargs: Any) -> Any:
-        cache._apply_release(KEY)  # what another session's read of this segment would do
+        cache._space.apply_release(KEY)  # what another session's read of this segment would do
         return after_read(*args, **kwargs)
 
-    monkeypatch.setattr(cache, "_after_read", racer_releases_first)
+    monkeypatch.setattr(cache._reads, "after_read", racer_releases_first)
     assert seg.read(0, 100, reader="consumer") == data[:100]
     downloads = len(fetch.calls)
     assert seg.read(100, 200, reader="consumer") == data[100:200]
@@ -347,7 +347,7 @@ def test_a_failure_while_registering_holds_leaves_no_pin(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("reader bookkeeping failed")
 
-    monkeypatch.setattr(cache, "_after_read", broken)
+    monkeypatch.setattr(cache._reads, "after_read", broken)
     with pytest.raises(RuntimeError):
         seg.read(0, 100, reader="consumer")
-    assert cache._entries and all(e.pins == 0 for e in cache._entries.values())
+    assert cache._state.entries and all(e.pins == 0 for e in cache._state.entries.values())

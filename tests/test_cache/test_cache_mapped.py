@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cache_fakes import Fetcher, layout, make_segment, verifier
 
-from cache import chunk_cache
+from cache import state as cache_state
 from cache.accounting import CacheSettings
 from cache.chunk_cache import ChunkCache, ChunkFile
 from cache.mapped import MappedFile
@@ -96,14 +96,14 @@ def test_an_evicted_chunk_stays_readable_until_its_last_fetch_is_sent(tmp_path: 
 def test_only_the_chunks_read_lately_stay_mapped(tmp_path: Path, data: bytes) -> None:
     with open_cache(tmp_path, data) as cache:
         starts = layout(data, CHUNK)
-        assert len(starts) > chunk_cache._MAPPED_FILES + 4
+        assert len(starts) > cache_state._MAPPED_FILES + 4
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
         files = []
-        for i in range(chunk_cache._MAPPED_FILES + 4):
+        for i in range(cache_state._MAPPED_FILES + 4):
             f = seg.open_chunk(starts[i], starts[i + 1] - 1)
             files.append(f.file)
             f.close()
-        assert len(cache._mapped) == chunk_cache._MAPPED_FILES
+        assert len(cache._state.mapped) == cache_state._MAPPED_FILES
         assert all(f.closed for f in files[:4]) and not any(f.closed for f in files[4:])
         # a chunk no longer mapped is still cached: read again, it is mapped again
         f = seg.open_chunk(starts[0], starts[1] - 1)

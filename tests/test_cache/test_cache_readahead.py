@@ -184,7 +184,7 @@ def test_a_next_segment_s_first_chunk_another_reader_brought_is_held_for_this_on
         assert len(stream.opened) + len(fetch.calls) == requests  # a's first chunk was kept
         seg2.read(3000, starts2[1] + 10, reader="a")  # a moves past it: it goes now
         wait_until(lambda: not any(e.chunk.segment == KEY2 and e.chunk.start == 0
-                                   for e in cache._entries.values()), "the chunk to go")
+                                   for e in cache._state.entries.values()), "the chunk to go")
 
 
 def read_file(f: ChunkFile) -> bytes:
@@ -318,11 +318,11 @@ def test_the_next_segment_s_request_waits_for_the_reader_to_reach_the_last_chunk
         seg.read(at + 100, at + 200, reader="c")  # sequential: it goes on to the end
         assert seg2.read_ahead("c", after=KEY)
         wakes: list[int] = []
-        waiting = cache._streams[("c", KEY2)].wake
+        waiting = cache._streams.streams[("c", KEY2)].wake
         notify = waiting.notify
         waiting.notify = lambda n=1: wakes.append(n) or notify(n)  # type: ignore[method-assign,func-returns-value]
         wait_until(lambda: cache.stats()["hydrated_chunks"] == 3, "this segment's chunks")
-        wait_until(lambda: ("c", KEY) not in cache._streams, "this segment's stream to end")
+        wait_until(lambda: ("c", KEY) not in cache._streams.streams, "this segment's stream to end")
         woken = len(wakes)  # its end wakes it once
         for begin in range(at + 200, starts[-1] - 1, 1000):  # up to the last chunk, not in it
             seg.read(begin, min(begin + 1000, starts[-1] - 1), reader="c")
@@ -399,7 +399,7 @@ def test_a_one_off_read_of_the_first_chunk_asks_for_that_chunk_only(
         ends.append(to_end)
         return inner(key, begin, end, to_end=to_end)
 
-    cache._chunk_streamer = recording
+    cache._streams.chunk_streamer = recording
     with cache:
         seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
         seg.open_chunk(0, starts[1] - 1).close()
@@ -423,7 +423,7 @@ def test_an_early_request_is_taken_by_the_read_ahead_from_chunk_0(tmp_path: Path
 
 def test_an_early_request_nobody_takes_is_closed(tmp_path: Path, data: bytes,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from cache import chunk_cache
+    from cache import streams
 
     cache, fetch, stream = open_cache(tmp_path, data)
     with cache:
@@ -431,7 +431,7 @@ def test_an_early_request_nobody_takes_is_closed(tmp_path: Path, data: bytes,
         wait_until(lambda: len(stream.opened) == 1, "the early request")
         cache.maintain()
         assert not stream.opened[0].closed  # still young
-        monkeypatch.setattr(chunk_cache, "_EARLY_TTL_S", 0.0)
+        monkeypatch.setattr(streams, "_EARLY_TTL_S", 0.0)
         cache.maintain()
         assert stream.opened[0].closed
         cache.request_early(KEY, len(data))  # and one left at close is closed with the cache

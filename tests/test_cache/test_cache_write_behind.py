@@ -102,7 +102,8 @@ def test_a_chunk_the_cache_keeps_is_written_once_its_readers_let_go(
         stats = cache.stats()
         assert stats["written_behind"] == len(starts) and stats["unwritten_evictions"] == 0
         assert writes.written == len(data)  # each chunk once
-        assert cache._buffers is not None and cache._buffers.lent_bytes == 0
+        buffers = cache._write_behind.buffers
+        assert buffers is not None and buffers.lent_bytes == 0
         chunks, temporary = files(tmp_path / "cache")
         assert len(chunks) == len(starts) and temporary == []
         for i, begin in enumerate(starts):
@@ -161,9 +162,9 @@ def test_a_fetch_keeps_its_bytes_while_its_chunk_is_written_evicted_and_the_pool
         opened = seg.open_chunk(0, starts[1] - 1, reader="c")
         assert opened.file.mapping[:opened.end - opened.begin] == data[:opened.end]
         assert read_all(cache, data) == data  # chunk 0 is written, evicted; buffers reused
-        wait_until(lambda: cache.stats()["evictions"] > 0 and not cache._to_write,
+        wait_until(lambda: cache.stats()["evictions"] > 0 and not cache._state.to_write,
                    "chunk 0 to be written and evicted")
-        assert ChunkId(KEY, 0) not in cache._entries
+        assert ChunkId(KEY, 0) not in cache._state.entries
         assert opened.file.mapping[:opened.end - opened.begin] == data[:opened.end]
         opened.close()
 
@@ -182,9 +183,9 @@ def test_a_chunk_evicted_while_it_is_written_leaves_no_file(tmp_path: Path,
         assert writes.entered.wait(10)
         for begin in range(starts[1] + 10, starts[8], 3000):  # room needed: chunk 0 goes
             assert seg.read(begin, begin + 3000, reader="c") == data[begin:begin + 3000]
-        assert ChunkId(KEY, 0) not in cache._entries
+        assert ChunkId(KEY, 0) not in cache._state.entries
         writes.gate.set()
-        wait_until(lambda: not cache._writing, "the write-behind thread to finish")
+        wait_until(lambda: not cache._write_behind.writing, "the write-behind thread to finish")
         assert not chunk_path(cache.root, ChunkId(KEY, 0)).exists()
         assert files(tmp_path / "cache")[1] == []
         assert cache.stats()["unwritten_evictions"] >= 1
@@ -204,7 +205,7 @@ def test_a_chunk_that_cannot_be_written_is_dropped_and_read_again(tmp_path: Path
         for begin in range(0, starts[2], 3000):  # chunks 0 and 1 let go of: written, or not
             assert seg.read(begin, min(begin + 3000, starts[2]), reader="c") == (
                 data[begin:min(begin + 3000, starts[2])])
-        wait_until(lambda: ChunkId(KEY, 0) not in cache._entries, "chunk 0 to be dropped")
+        wait_until(lambda: ChunkId(KEY, 0) not in cache._state.entries, "chunk 0 to be dropped")
         assert files(tmp_path / "cache") == ([], [])
         assert (cache.write_problem is None) == (error == errno.ENOSPC)
         # a chunk that arrives into memory (held by its reader: not written behind) says
@@ -239,7 +240,8 @@ def test_chunks_a_stopped_consumer_holds_are_written_once_buffers_run_short(
         if budget_chunks == 4:
             wait_until(lambda: cache.stats()["written_behind"] == 3, "the idle chunks written")
             assert len(files(tmp_path / "cache")[0]) == 3
-            assert cache._buffers is not None and cache._buffers.lent_bytes == 0
+            buffers = cache._write_behind.buffers
+            assert buffers is not None and buffers.lent_bytes == 0
         else:
             time.sleep(1.5)  # the watcher looked at least once
             assert cache.stats()["memory_chunks"] == 3 and files(tmp_path / "cache")[0] == []

@@ -121,7 +121,16 @@ class GarbageCollector:
         a writer of `term`. Raises `StaleTerm` when a newer writer owns the partition and
         `ManifestContention` when its commits kept losing races (the caller retries next
         pass); store faults are reported in the outcome and leave the manifest consistent."""
-        m, etag = self.mstore.load(target.topic, target.partition, target.revision)
+        try:
+            m, etag = self.mstore.load(target.topic, target.partition, target.revision)
+        except CorruptManifest:
+            # unreadable: its newest complete copy replaces it on its ETag, else the
+            # partition stays stopped (the error names the repair)
+            garbled = self.mstore.restore_garbled(target.topic, target.partition,
+                                                  target.revision)
+            if garbled is None:
+                raise
+            m, etag = garbled
         if etag is None:
             # no head: restore it from its copy, or stop here if objects of ours say it was
             # lost (HistoryWithoutHead); a partition with nothing in the bucket has nothing

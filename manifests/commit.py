@@ -270,6 +270,24 @@ class ManifestStore:
             return restored.current, restored.etag
         return None
 
+    def restore_garbled(self, topic: str, partition: int, revision: str | int
+                        ) -> tuple[PartitionManifest, str] | None:
+        """For a head `load` found unreadable (`CorruptManifest`): replace it, by
+        compare-and-swap on its own ETag, with the newest copy the bucket proves complete,
+        keeping the bad bytes beside it (`.corrupt-<etag>`). None when no copy restores it
+        (the partition stays stopped until `recover --rebuild-manifests`) or the head is gone
+        meanwhile (the next pass finds it missing)."""
+        key = keys.partition_manifest_key(topic, partition, revision)
+        try:
+            etag = self.store.head(key).etag
+        except ObjectNotFound:
+            return None
+        listing = {i.key for i in self.store.list(
+            keys.partition_data_prefix(topic, partition, revision))}
+        meta = {i.key for i in self.store.list(
+            keys.partition_meta_prefix(topic, partition, revision))}
+        return self._restore_from_copy(key, listing | meta, meta, over=etag)
+
     def _guard_fresh_head(self, manifest: PartitionManifest) -> None:
         """Before creating a head where none is stored: restore the newest copy that the
         bucket proves complete (then `ManifestConflict` carries it, so `update` re-applies its
@@ -295,11 +313,12 @@ class ManifestStore:
                       f"{below[0]}" if below else f"copies that do not restore: {copies[0]}")
             raise HistoryWithoutHead(manifest.key, detail, manifest.topic)
 
-    def _restore_from_copy(self, key: str, present: set[str], meta: set[str]
-                           ) -> tuple[PartitionManifest, str] | None:
+    def _restore_from_copy(self, key: str, present: set[str], meta: set[str], *,
+                           over: str | None = None) -> tuple[PartitionManifest, str] | None:
         """Create the head from the newest valid copy whose every named object is `present`
-        (If-None-Match: a head another writer created meanwhile wins). None when no copy
-        proves complete."""
+        (If-None-Match: a head another writer created meanwhile wins), or with `over`, replace
+        the unreadable head of that ETag (If-Match: a writer's repair meanwhile wins). None
+        when no copy proves complete."""
         found: list[PartitionManifest] = []
         for slot in keys.HEAD_COPY_SLOTS:
             copy_key = f"{key}.{slot}"
@@ -320,14 +339,19 @@ class ManifestStore:
                 continue
             data = encode_partition_manifest(m)
             try:
-                etag = self.store.put(key, data, if_none_match=True)
-            except PreconditionFailed:
-                got = self._read_head(key)
-                return got  # another writer created the head first: take it
+                if over is None:
+                    etag = self.store.put(key, data, if_none_match=True)
+                else:
+                    self.store.put(f"{key}.corrupt-{over.strip(chr(34))[:16]}",
+                                   self.store.get(key))
+                    etag = self.store.put(key, data, if_match=over)
+            except (PreconditionFailed, ObjectNotFound):
+                return self._read_head(key)  # another writer got there first: take its head
             self._remember(key, etag, m)
-            log.warning("%s: the head manifest was missing; restored it from its copy at "
-                        "sequence %d (offsets %d..%d)", key, m.sequence, m.log_start_offset,
-                        m.last_offset)
+            log.warning("%s: the head manifest was %s; restored it from its copy at "
+                        "sequence %d (offsets %d..%d)", key,
+                        "missing" if over is None else "unreadable (kept beside it as .corrupt-)",
+                        m.sequence, m.log_start_offset, m.last_offset)
             self.stats.restored += 1
             return m, etag
         return None

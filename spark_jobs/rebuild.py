@@ -200,6 +200,13 @@ def _head_state(ctx: JobContext, ref: PartitionRef, found: list[Found]
         return "missing", None
 
 
+def _quarantine_key(ctx: JobContext, ref: PartitionRef, etag: str) -> str | None:
+    """Where `ManifestStore.restore_garbled` kept the unreadable head of `etag`."""
+    key = keys.partition_manifest_key(*ref)
+    kept = f"{key}.corrupt-{etag.strip(chr(34))[:16]}"
+    return kept if ctx.store.exists(kept) else None
+
+
 def _commit_over_corrupt(ctx: JobContext, m: PartitionManifest, etag: str) -> str:
     """Replace an unreadable head by compare-and-swap on its ETag (ManifestStore.commit
     cannot: it must read the version it replaces). The bad bytes are kept beside it."""
@@ -238,6 +245,14 @@ def _rebuild_partition(ctx: JobContext, ref: PartitionRef, state: str, etag: str
     m = ops.add_segments(PartitionManifest.new(ref.topic, ref.partition, ref.revision,
                                                term=term), plan.chain)
     try:
+        if state == "corrupt" and etag is not None and (
+                garbled := ctx.manifests.restore_garbled(*ref)) is not None:
+            # its newest complete copy restores it exactly, cutoff included: better than a
+            # listing can
+            row.update(restored_from_copy=True, start_offset=garbled[0].log_start_offset,
+                       last_offset=garbled[0].last_offset,
+                       quarantined=_quarantine_key(ctx, ref, etag))
+            return row
         if state == "corrupt" and etag is not None:
             row["quarantined"] = _commit_over_corrupt(ctx, m, etag)
         elif state == "misses_history" and etag is not None:

@@ -166,14 +166,15 @@ def test_the_collector_deletes_nothing_below_a_head_that_lost_history(
     assert data_objects(s3_store, rev) == objects
 
 
-def test_a_garbled_head_stops_writes_and_collection_and_loses_nothing(
+def test_a_garbled_head_without_copies_stops_writes_and_collection_and_loses_nothing(
         tmp_path: Path, s3_store: ObjectStore) -> None:
-    """A head that is not JSON any more: no commit over it, nothing collected, no local
-    segment deleted, and the pass says so; the copy beside it still holds the history."""
+    """A head that is not JSON any more, its copies gone too: no commit over it, nothing
+    collected, no local segment deleted, and the pass names the repair."""
     archiver, clock, log_dir, rev = archived(tmp_path, s3_store)
     m, _ = ManifestStore(s3_store).load("orders", 0, rev)
     objects = data_objects(s3_store, rev)
     local = sorted(p.name for p in (log_dir / "orders-0").iterdir())
+    s3_store.delete_many(list(keys.head_copy_keys(m.key)))
     s3_store.put(m.key, b"{garbled")
     # a fresh process (nothing cached) past the grace period, local retention on
     fresh = Archiver(archiver.config, s3_store, clock=clock, disk_usage=Disk(free=1))
@@ -184,9 +185,31 @@ def test_a_garbled_head_stops_writes_and_collection_and_loses_nothing(
     assert s3_store.get(m.key) == b"{garbled"  # nobody wrote a head over it
     assert data_objects(s3_store, rev) == objects
     assert sorted(p.name for p in (log_dir / "orders-0").iterdir()) == local
-    copies = [i.key for i in s3_store.list(keys.partition_meta_prefix("orders", 0, rev))
-              if ".copy-" in i.key]
-    assert copies  # the repair has what it needs
+
+
+def test_a_garbled_head_is_restored_exactly_from_its_copy(
+        tmp_path: Path, s3_store: ObjectStore) -> None:
+    """A head garbled in the bucket while its copies survive: housekeeping replaces it on its
+    own ETag with the newest complete copy (its cutoff and recorded start included), keeps
+    the bad bytes beside it, collects nothing, and the partition goes on."""
+    archiver, clock, _log_dir, rev = archived(tmp_path, s3_store)
+    mstore = ManifestStore(s3_store)
+    before, _ = mstore.load("orders", 0, rev)
+    objects = data_objects(s3_store, rev)
+    s3_store.put(before.key, b"{garbled")
+    fresh = Archiver(archiver.config, s3_store, clock=clock, disk_usage=Disk())
+    time.sleep(GRACE_MS / 1000 + 1.1)
+    clock.now = time.time()
+    fresh.run_once()
+    after, etag = ManifestStore(s3_store).load("orders", 0, rev)
+    assert etag is not None
+    assert after.evolve(sequence=before.sequence) == before
+    assert data_objects(s3_store, rev) >= objects
+    meta = keys.partition_meta_prefix("orders", 0, rev)
+    kept = [i.key for i in s3_store.list(meta) if ".corrupt-" in i.key]
+    assert len(kept) == 1 and s3_store.get(kept[0]) == b"{garbled"
+    assert fresh.snapshot().heads_restored_total == 1
+    assert fresh.run_once().ok
 
 
 def test_a_running_daemon_past_the_grace_period_loses_nothing_and_says_so(

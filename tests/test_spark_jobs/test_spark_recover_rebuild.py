@@ -188,14 +188,33 @@ def test_a_corrupt_head_is_replaced_on_its_etag_and_kept_aside(
 ) -> None:
     ctx, store, archived = bucket
     key = keys.partition_manifest_key(TOPIC, 1, REVISION)
+    store.delete_many(list(keys.head_copy_keys(key)))  # no copy: rebuilt from the listing
     store.put(key, b'{"version":1,"kind":"partition", garbage')
 
     summary = run_rebuild_manifests(ctx, topic=TOPIC)
 
     assert summary["ok"], summary["errors"]
     [row] = summary["rebuilt"]
-    assert row["head"] == "corrupt"
+    assert row["head"] == "corrupt" and "restored_from_copy" not in row
     assert store.get(row["quarantined"]) == b'{"version":1,"kind":"partition", garbage'
+    assert _head_segments(ctx, 1) == archived.segments[1]
+
+
+def test_a_corrupt_head_with_a_copy_is_restored_from_it_exactly(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    ctx, store, archived = bucket
+    before, _ = ctx.manifests.load(TOPIC, 1, REVISION)
+    store.put(before.key, b"not json")
+
+    summary = run_rebuild_manifests(ctx, topic=TOPIC)
+
+    assert summary["ok"], summary["errors"]
+    [row] = summary["rebuilt"]
+    assert row["head"] == "corrupt" and row["restored_from_copy"]
+    assert store.get(row["quarantined"]) == b"not json"
+    after, _ = ctx.manifests.load(TOPIC, 1, REVISION)
+    assert after.evolve(sequence=before.sequence) == before
     assert _head_segments(ctx, 1) == archived.segments[1]
 
 

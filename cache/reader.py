@@ -28,8 +28,12 @@ Revision (the bucket's name for a topic incarnation): the topic id in the local
 `partition.metadata`, or "0" without one, exactly as the archiver names it; when nothing is
 local, the newest topic manifest of the topic in the bucket (a recreated topic's is newer).
 
-Threads: one `Reader` may serve many threads (the daemon's HTTP handlers); its LRUs, counters
-and local-log snapshot are guarded by locks, the cache and store are thread-safe themselves.
+Where the metadata comes from: `cache.local_view` (the local partitions and their readable
+ranges) and `cache.manifest_view` (head manifests and revisions, cached and revalidated in the
+background); this module plans a fetch over them and gathers its bytes.
+
+Threads: one `Reader` may serve many threads (the daemon's HTTP handlers); its counters and
+views are guarded by locks, the cache and store are thread-safe themselves.
 """
 
 from __future__ import annotations
@@ -43,13 +47,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.chunk_cache import ChunkCache
+from cache.local_view import LocalView
+from cache.manifest_view import (
+    METADATA_TTL_S,
+    REFRESH_AFTER_S,
+    ManifestView,
+    UnknownPartition,
+)
 from cache.pieces import Pieces
 from cache.segment_reads import (
     LocalSegments,
-    Lru,
     RemoteSegments,
     Span,
-    local_log_end,
     local_offset_for_timestamp,
 )
 from cache.transactions import TransactionIndexes
@@ -57,17 +66,15 @@ from manifests import keys
 from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest, SegmentMeta
 from manifests.spillover import ManifestSettings
-from manifests.topic import load_topic_manifest
 from tiered.config import Config
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
-from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
+from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.local_log import LocalLog, PartitionLog
 from tiered.kafka.records import Record, RecordBatch, iter_batches
 from tiered.kafka.segment import TimestampAndOffset
 from tiered.kafka.txnindex import AbortedTxn
 from tiered.store.base import ObjectStore
-from tiered.store.errors import StoreError
 from tiered.topics import topic_name_problem
 
 __all__ = [
@@ -88,26 +95,6 @@ DEFAULT_MAX_BYTES = 1 << 20
 #: ListOffsets' special timestamps
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
-#: seconds a loaded head manifest / resolved revision / local-log scan stays fresh; a consumer
-#: polling every few ms must not cost two GETs per poll, and design invariant 7's grace period keeps
-#: objects a slightly stale manifest names readable
-METADATA_TTL_S = 1.0
-#: seconds a head manifest past its TTL still serves a fetch of offsets it holds while a fresh
-#: one is read in the background (capped by the GC grace period, which keeps its objects)
-REVALIDATE_S = 60.0
-#: seconds a background head refresh waits before it starts: the fetch that found the head
-#: stale sends its own requests first (botocore builds a request in about 2 ms of Python that
-#: holds the interpreter), and a consumer's first fetch of a segment then waits on the store,
-#: when the refresh costs it nothing
-REFRESH_AFTER_S = 0.005
-
-
-class UnknownPartition(TieredError):
-    """Neither the local log nor the bucket knows this topic partition."""
-
-    exit_code = 7
-
-
 class RemoteReadDisabled(OffsetOutOfRange):
     """The offset is only in the bucket and remote read is off for the topic."""
 
@@ -228,24 +215,12 @@ class Reader:
         self.remote = RemoteSegments(
             store, self.cache, config.cluster_int("cloud_storage_cache_chunk_size", 1))
         self.transactions = TransactionIndexes(store)
-        self._clock = clock
-        self._ttl = metadata_ttl_s
-        #: how long a head manifest may serve reads when it cannot be refreshed
-        self._stale_head_s = config.cluster_seconds("cloud_storage_gc_grace_period_ms")
-        self._revalidate_s = min(REVALIDATE_S, self._stale_head_s)
-        self._refresh_after_s = refresh_after_s
-        #: head manifests being read in the background (`_refresh_head`)
-        self._refreshing: set[tuple[str, int, str]] = set()
-        #: their threads (waiting their `REFRESH_AFTER_S` or reading): `close` cancels the
-        #: waiting ones and waits for the rest
-        self._refresh_timers: dict[tuple[str, int, str], threading.Timer] = {}
-        #: set by `close`: no refresh starts after it
-        self._closing = False
-        self._heads: Lru[tuple[str, int, str], tuple[float, PartitionManifest]] = Lru(1024)
-        self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
+        self.local_view = LocalView(local_log, clock=clock, ttl_s=metadata_ttl_s)
+        self.manifest_view = ManifestView(
+            self.manifests, clock=clock, ttl_s=metadata_ttl_s, refresh_after_s=refresh_after_s,
+            stale_head_s=config.cluster_seconds("cloud_storage_gc_grace_period_ms"))
         self._stats = ReaderStats()
         self._lock = threading.Lock()
-        self._scanned_at = clock()
         self._owned: list[Any] = []
 
     @classmethod
@@ -265,14 +240,7 @@ class Reader:
         return reader
 
     def close(self) -> None:
-        with self._lock:
-            self._closing = True
-            timers = list(self._refresh_timers.values())
-        for timer in timers:  # a refresh due after the close would read through a closed store
-            timer.cancel()
-        deadline = time.monotonic() + 10  # one stuck in a slow read is a daemon: let it be
-        for timer in timers:  # and one reading now must be done before the store closes
-            timer.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.manifest_view.close()  # no refresh may read through the store closed below
         if self._owns_cache:
             self.cache.close()
         for owned in self._owned:
@@ -336,7 +304,8 @@ class Reader:
                 return self._fetch_once(topic, partition, offset, max_bytes, token,
                                         reader_id is not None, max_files)
             except _LocalVanished:
-                self._rescan()  # retention deleted a segment under us: retry on a new snapshot
+                # retention deleted a segment under us: retry on a new snapshot
+                self.local_view.rescan()
             try:
                 return self._fetch_once(topic, partition, offset, max_bytes, token,
                                         reader_id is not None, max_files)
@@ -354,9 +323,9 @@ class Reader:
     def earliest_offset(self, topic: str, partition: int) -> int:
         """The first readable offset (Kafka's log start offset, ListOffsets -2)."""
         _check_request(topic, partition)
-        local, lo, hi = self._local_range(topic, partition, None)
+        local, lo, hi = self.local_view.range(topic, partition, None)
         if self.config.topic_config(topic).remote_read:
-            m = self._head(topic, partition, local, required=lo is None)
+            m = self.manifest_view.head(topic, partition, local, required=lo is None)
             if m is not None and m.last_offset >= 0:
                 return m.log_start_offset if lo is None else min(lo, m.log_start_offset)
         if lo is None:
@@ -367,12 +336,12 @@ class Reader:
         """The log end offset as a consumer sees it (ListOffsets -1): the local end capped at
         the high watermark when local, else the bucket's last offset + 1."""
         _check_request(topic, partition)
-        local, _lo, hi = self._local_range(topic, partition, None)
+        local, _lo, hi = self.local_view.range(topic, partition, None)
         if hi is not None:
             return hi
         if not self.config.topic_config(topic).remote_read:
             raise RemoteReadDisabled(self._not_local(topic, partition, None, None))
-        m = self._head(topic, partition, local, required=True)
+        m = self.manifest_view.head(topic, partition, local, required=True)
         assert m is not None  # noqa: S101 - required=True raises instead
         return m.next_offset
 
@@ -390,9 +359,9 @@ class Reader:
         if timestamp == LATEST_TIMESTAMP:
             return TimestampAndOffset(NO_TIMESTAMP, self.latest_offset(topic, partition), None)
         self._count(timestamp_lookups=1)
-        local, lo, hi = self._local_range(topic, partition, None)
+        local, lo, hi = self.local_view.range(topic, partition, None)
         if self.config.topic_config(topic).remote_read and (lo is None or lo > 0):
-            m = self._head(topic, partition, local, required=lo is None)
+            m = self.manifest_view.head(topic, partition, local, required=lo is None)
             if m is not None and m.last_offset >= 0 and (lo is None or m.log_start_offset < lo):
                 token = object()
                 try:
@@ -415,10 +384,10 @@ class Reader:
         below the local log start and the local `.txnindex` files from there on
         (`cache.transactions`). StoreError / CorruptSegmentError as `fetch`."""
         _check_request(topic, partition)
-        local, lo, _hi = self._local_range(topic, partition, None)
+        local, lo, _hi = self.local_view.range(topic, partition, None)
         remote = None
         if (lo is None or start < lo) and self.config.topic_config(topic).remote_read:
-            m = self._head(topic, partition, local, required=False)
+            m = self.manifest_view.head(topic, partition, local, required=False)
             if m is not None and m.last_offset >= 0:
                 remote = (m, self.manifests.iter_segments(m, start))
         return self.transactions.search(start, upper, remote=remote, local=local,
@@ -428,55 +397,11 @@ class Reader:
         """(revision, partition count) of the topic as the bucket knows it: its newest topic
         manifest's, or ("0", None) when it has none (cached like head manifests)."""
         _check_request(topic, 0)
-        return self._revision(topic, None)
+        return self.manifest_view.revision(topic, None)
 
     def local_partitions(self) -> dict[TopicPartition, PartitionLog]:
-        """The partitions in the log dirs now (the dirs re-scanned at most once per TTL, so
-        new topics appear)."""
-        if self.local_log is None:
-            return {}
-        if self._clock() - self._scanned_at >= self._ttl:
-            self._rescan()
-        return dict(self.local_log.partitions)
-
-    # -- local log -----------------------------------------------------------------------------
-
-    def _local_range(
-        self, topic: str, partition: int, offset: int | None
-    ) -> tuple[PartitionLog | None, int | None, int | None]:
-        """The local partition and its readable [start, end) (end capped at the high
-        watermark); rescans the log dirs (at most once per TTL) when the snapshot does not
-        hold `offset` (a rolled or newly created segment)."""
-        part, lo, hi = self._local_snapshot(topic, partition)
-        stale = part is None or (offset is not None and hi is not None and offset >= hi)
-        if stale and self.local_log is not None and self._clock() - self._scanned_at >= self._ttl:
-            self._rescan()
-            part, lo, hi = self._local_snapshot(topic, partition)
-        return part, lo, hi
-
-    def _local_snapshot(
-        self, topic: str, partition: int
-    ) -> tuple[PartitionLog | None, int | None, int | None]:
-        if self.local_log is None:
-            return None, None, None
-        part = self.local_log.partitions.get(TopicPartition(topic, partition))
-        if part is None or not part.segments:
-            return part, None, None
-        try:
-            lo, leo = part.log_start_offset, local_log_end(part)
-        except FileNotFoundError:
-            return None, None, None  # deleted under us: treat as not local
-        if lo is None or leo is None:
-            return part, None, None
-        hw = part.high_watermark
-        hi = leo if hw is None else min(hw, leo)
-        return part, lo, max(lo, hi)
-
-    def _rescan(self) -> None:
-        with self._lock:
-            self._scanned_at = self._clock()
-        assert self.local_log is not None  # noqa: S101 - callers check
-        self.local_log.scan()
+        """The partitions in the log dirs now (`LocalView.partitions`)."""
+        return self.local_view.partitions()
 
     # -- bucket --------------------------------------------------------------------------------
 
@@ -488,7 +413,7 @@ class Reader:
         if not self.config.topic_config(topic).remote_read:
             self._count(out_of_range=1)
             raise RemoteReadDisabled(self._not_local(topic, partition, offset, lo))
-        m = self._head(topic, partition, local, required=True, offset=offset)
+        m = self.manifest_view.head(topic, partition, local, required=True, offset=offset)
         assert m is not None  # noqa: S101 - required=True raises instead
         return m
 
@@ -497,120 +422,6 @@ class Reader:
         where = f" (the local log starts at {lo})" if lo is not None else ""
         return (f"{topic}-{partition}: {what} is not on local disk{where} and remote read is "
                 "disabled for the topic (redpanda.remote.read / cloud_storage_enable_remote_read)")
-
-    def _head(
-        self, topic: str, partition: int, local: PartitionLog | None, *, required: bool,
-        offset: int | None = None,
-    ) -> PartitionManifest | None:
-        """The partition's head manifest (cached for the TTL); None, or UnknownPartition when
-        `required`, if the bucket has nothing for it. A fetch of `offset` that a cached head
-        past its TTL (but within `REVALIDATE_S`) holds is served from it while a fresh one is
-        read in the background: its objects stay readable for the GC grace period, and a
-        consumer's first fetch does not wait for a manifest before its data."""
-        revision, count = self._revision(topic, local)
-        if count is not None and partition >= count and local is None:
-            raise UnknownPartition(f"{topic}-{partition}: the topic has {count} partitions")
-        key = (topic, partition, revision)
-        now = self._clock()
-        hit = self._heads.get(key)
-        if hit is not None and now - hit[0] < self._ttl:
-            return hit[1]
-        if (hit is not None and offset is not None and now - hit[0] < self._revalidate_s
-                and hit[1].log_start_offset <= offset <= hit[1].last_offset):
-            self._refresh_head(key)
-            return hit[1]
-        try:
-            m, etag = self.manifests.load(topic, partition, revision)
-        except StoreError as exc:
-            # Objects a newer manifest dropped outlive it by the GC grace period, so a head
-            # younger than that still names readable objects: keep serving from it (and the
-            # chunks already cached) through a store outage instead of failing every read.
-            if hit is None or now - hit[0] >= self._stale_head_s:
-                raise
-            log.warning("%s-%d: cannot refresh the manifest (%s); serving from the one read "
-                        "%.0f s ago", topic, partition, exc, now - hit[0])
-            return hit[1]
-        if etag is None or m.last_offset < 0:
-            self._heads.pop(key)
-            if required:
-                raise UnknownPartition(
-                    f"{topic}-{partition}: not in the local log dirs and nothing in the bucket "
-                    f"for revision {revision}" if local is None else
-                    f"{topic}-{partition}: nothing in the bucket for revision {revision}")
-            return None
-        self._heads.put(key, (now, m))
-        return m
-
-    def _refresh_head(self, key: tuple[str, int, str]) -> None:
-        """Read the head manifest `key` names again on a thread of its own (one at a time per
-        key), `REFRESH_AFTER_S` from now; the next fetch finds it cached. A failure keeps the
-        cached one, logged."""
-
-        def run() -> None:
-            topic, partition, revision = key
-            started = self._clock()  # its age: the bucket may change while it is read
-            try:
-                m, etag = self.manifests.load(topic, partition, revision)
-                cached = self._heads.get(key)
-                if cached is not None and cached[0] > started:
-                    return  # a fetch read a newer one meanwhile: keep that
-                if etag is not None and m.last_offset >= 0:
-                    self._heads.put(key, (started, m))
-                else:  # gone from the bucket: the next fetch finds out itself
-                    self._heads.pop(key)
-            except Exception as err:  # the next fetch past the window reads it itself
-                log.info("%s-%d: background manifest refresh failed: %s", topic, partition, err)
-            finally:
-                with self._lock:
-                    self._refreshing.discard(key)
-                    self._refresh_timers.pop(key, None)
-
-        with self._lock:  # registered and started in one step: `close` sees every refresh
-            if self._closing or key in self._refreshing:
-                return
-            self._refreshing.add(key)
-            timer = threading.Timer(self._refresh_after_s, run)
-            timer.name, timer.daemon = "reader-manifest", True
-            self._refresh_timers[key] = timer
-            timer.start()  # a timer cancelled before it fires never runs `run`
-
-    def _cached_start(self, topic: str, partition: int, local: PartitionLog | None
-                      ) -> int | None:
-        """The bucket's log start for the partition from a head already cached, else None."""
-        if local is None:
-            return None
-        revision = "0" if local.topic_id is None else topic_id_to_str(local.topic_id)
-        hit = self._heads.get((topic, partition, revision))
-        return None if hit is None else hit[1].log_start_offset
-
-    def _revision(self, topic: str, local: PartitionLog | None) -> tuple[str, int | None]:
-        """(revision, partition count if a topic manifest says) as the archiver names it."""
-        if local is not None:
-            return ("0" if local.topic_id is None else topic_id_to_str(local.topic_id)), None
-        now = self._clock()
-        hit = self._revisions.get(topic)
-        if hit is not None and now - hit[0] < self._ttl:
-            return hit[1], hit[2]
-        prefix = f"{keys.topic_prefix_digit(topic)}0000000/{keys.TOPIC_PREFIX_DIR}/{topic}/"
-        found: list[tuple[float, str]] = []
-        revision, count = "0", None
-        try:
-            for info in self.store.list(prefix):
-                parsed = keys.parse_topic_manifest_key(info.key)
-                if parsed is not None and parsed[0] == topic:
-                    found.append((info.last_modified, parsed[1]))
-            if found:
-                revision = max(found)[1]
-                tm = load_topic_manifest(self.store, topic, revision)
-                count = None if tm is None else tm.partition_count
-        except StoreError as exc:  # as in `_head`: a recent answer beats no answer
-            if hit is None or now - hit[0] >= self._stale_head_s:
-                raise
-            log.warning("%s: cannot refresh the topic's revision (%s); using the one read "
-                        "%.0f s ago", topic, exc, now - hit[0])
-            return hit[1], hit[2]
-        self._revisions.put(topic, (now, revision, count))
-        return revision, count
 
     def _remote_timestamp(
         self, m: PartitionManifest, timestamp: int, stop: int | None, token: Hashable
@@ -636,7 +447,7 @@ class Reader:
         self, topic: str, partition: int, offset: int, max_bytes: int, reader_id: Hashable,
         session: bool, max_files: int | None = None,
     ) -> FetchedPieces:
-        local, lo, hi = self._local_range(topic, partition, offset)
+        local, lo, hi = self.local_view.range(topic, partition, offset)
         m: PartitionManifest | None = None
         if lo is not None and hi is not None and lo <= offset < hi:
             pass  # served locally: no store request at all
@@ -644,7 +455,7 @@ class Reader:
             self._count(out_of_range=1)
             # the whole readable range: the bucket's start when its head is cached (no
             # request on this path: a consumer polling at the end must stay cheap)
-            start = self._cached_start(topic, partition, local)
+            start = self.manifest_view.cached_start(topic, partition, local)
             first = lo if start is None or lo is None else min(lo, start)
             older = "" if start is not None or first is None or first == 0 else (
                 "; older offsets may be in the bucket")
@@ -708,7 +519,7 @@ class Reader:
                     m, remote_iter = self._continue_remotely(topic, partition, local, nxt, m)
                     if m is None:
                         break
-                    local, lo, hi = self._local_snapshot(topic, partition)
+                    local, lo, hi = self.local_view.snapshot(topic, partition)
                     continue
                 if got is None:
                     break
@@ -753,8 +564,7 @@ class Reader:
     ) -> tuple[PartitionManifest | None, Iterator[SegmentMeta] | None]:
         """After local segments vanished mid-fetch: rescan, and the head manifest and its
         segments from `offset` when the bucket holds it (None, None: serve what was read)."""
-        if self.local_log is not None:
-            self._rescan()
+        self.local_view.rescan()
         try:
             if m is None:
                 m = self._remote_for(topic, partition, local, offset, None)

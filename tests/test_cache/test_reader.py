@@ -671,7 +671,7 @@ def test_a_head_past_its_ttl_serves_what_it_holds_while_a_newer_one_is_read(
             again = pool.submit(reader.fetch, TOPIC, 0, 0, 300).result(timeout=10)
         assert again.data == first.data and store.manifest_gets == 1
         store.gate.set()
-        wait_until(lambda: store.manifest_gets == 2 and not reader._refreshing,
+        wait_until(lambda: store.manifest_gets == 2 and not reader.manifest_view.refreshing,
                    "the background manifest refresh")
         newer = reader.fetch(TOPIC, 0, end, 300)
         assert newer.source == "remote" and newer.offset == end
@@ -690,15 +690,15 @@ def test_a_background_head_refresh_never_replaces_a_head_a_fetch_read_after_it_b
         now[0] += 5  # past the TTL: the next fetch starts a background refresh
         with ThreadPoolExecutor(1) as pool:
             pool.submit(reader.fetch, TOPIC, 0, 0, 300).result(timeout=10)
-        (key,) = reader._refreshing
+        (key,) = reader.manifest_view.refreshing
         wait_until(lambda: store.manifest_waits == 2, "the background refresh's GET")
-        cached = reader._heads.get(key)
+        cached = reader.manifest_view.heads.get(key)
         assert cached is not None
         now[0] += 1
-        reader._heads.put(key, (now[0], cached[1]))  # what a fetch read meanwhile
+        reader.manifest_view.heads.put(key, (now[0], cached[1]))  # what a fetch read meanwhile
         store.gate.set()
-        wait_until(lambda: not reader._refreshing, "the background manifest refresh")
-        kept = reader._heads.get(key)
+        wait_until(lambda: not reader.manifest_view.refreshing, "the background manifest refresh")
+        kept = reader.manifest_view.heads.get(key)
         assert kept is not None and kept[0] == now[0] and kept[1] is cached[1]
         assert store.manifest_gets == 2  # the refresh did read one: it was older, so dropped
 
@@ -724,8 +724,8 @@ def test_a_stale_head_is_read_again_after_the_fetch_sent_its_own_requests(
         now[0] += 5  # past the TTL: the fetch is served from the cached head
         fetched = reader.fetch(TOPIC, 0, end // 2, 300)  # a segment not read yet
         assert fetched.source == "remote" and set(manifest_gets_at_data) == {1}
-        assert reader._refreshing and store.manifest_gets == 1  # due, not sent yet
-        wait_until(lambda: store.manifest_gets == 2 and not reader._refreshing,
+        assert reader.manifest_view.refreshing and store.manifest_gets == 1  # due, not sent yet
+        wait_until(lambda: store.manifest_gets == 2 and not reader.manifest_view.refreshing,
                    "the background manifest refresh")
 
 
@@ -741,11 +741,11 @@ def test_closing_a_reader_cancels_or_refuses_a_head_refresh_not_started_yet(
         now[0] += 5  # past the TTL: the next fetch makes a refresh due
         if asked == "before the close":
             reader.fetch(TOPIC, 0, 0, 300)
-            assert reader._refresh_timers
+            assert reader.manifest_view.refresh_timers
         else:
             reader.close()
-            reader._refresh_head(next(iter(reader._heads._data)))
-            assert not reader._refresh_timers
+            reader.manifest_view.refresh(next(iter(reader.manifest_view.heads._data)))
+            assert not reader.manifest_view.refresh_timers
     time.sleep(0.6)  # past when it was due
     assert store.manifest_waits == 1  # the first fetch's only
 
@@ -768,7 +768,7 @@ def test_closing_a_reader_waits_for_a_head_refresh_already_reading(
             assert not closing.done()  # it waits for the GET
             store.gate.set()
             closing.result(timeout=10)
-        assert store.manifest_gets == 2 and not reader._refresh_timers
+        assert store.manifest_gets == 2 and not reader.manifest_view.refresh_timers
 
 
 # --- corruption stops at the corrupt batch --------------------------------------------------------
@@ -795,7 +795,7 @@ def test_a_fetch_reaching_a_corrupt_remote_batch_serves_the_intact_batches_befor
         bucket=root))
     with fx.reader() as reader:
         reader.fetch(TOPIC, 0, 0, 10**9)  # every segment opened: their chunk plans are known
-        m = reader._head(TOPIC, 0, None, required=True)
+        m = reader.manifest_view.head(TOPIC, 0, None, required=True)
         assert m is not None
         segs = list(reader.manifests.iter_segments(m, 0))
         seg = segs[len(segs) // 2]

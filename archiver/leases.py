@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from archiver.assignment import Member, Moves, plan_moves
-from manifests import ops
+from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, StaleTerm
 from manifests.lease import (
@@ -719,7 +719,7 @@ class LeaseKeeper:
         older term (the previous holder's) is refused."""
         self._count()
         self.mstore.update(pid.topic, pid.partition, pid.revision,
-                           lambda m: ops.with_term(m, generation))
+                           lambda m: edits.with_term(m, generation))
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from archiver.space import RetentionLimits
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.collect import collect_orphans
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest
@@ -139,7 +139,7 @@ class GarbageCollector:
             if restored is None:
                 return HousekeepingOutcome(m, etag)
             m, etag = restored
-        ops.with_term(m, term)  # a fenced writer stops here
+        edits.with_term(m, term)  # a fenced writer stops here
         out = HousekeepingOutcome(m, etag)
         if limits is not None and (limits.ms is not None or limits.bytes is not None):
             self._retention(out, term, limits, now_ms)
@@ -154,7 +154,7 @@ class GarbageCollector:
         m = out.manifest
         done = self.mstore.update(
             m.topic, m.partition, m.revision,
-            lambda fresh: change(ops.with_term(fresh, term)),
+            lambda fresh: change(edits.with_term(fresh, term)),
             start=(out.manifest, out.etag))
         out.manifest, out.etag = done.manifest, done.etag
         out.commits += done.committed
@@ -188,7 +188,7 @@ class GarbageCollector:
                                                now_ms)
             if new_start is None or new_start <= m.log_start_offset:
                 return None
-            return ops.advance_start_offset(m, new_start, now_ms=now_ms)
+            return edits.advance_start_offset(m, new_start, now_ms=now_ms)
 
         before = out.manifest.log_start_offset
         self._update(out, term, advance)
@@ -200,7 +200,7 @@ class GarbageCollector:
 
     def _replaced(self, out: HousekeepingOutcome, term: int, now_ms: int) -> None:
         m = out.manifest
-        due = ops.replaced_due(m, now_ms=now_ms, grace_ms=self.grace_ms)
+        due = edits.replaced_due(m, now_ms=now_ms, grace_ms=self.grace_ms)
         if not due:
             return
         prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
@@ -208,11 +208,11 @@ class GarbageCollector:
                   for r in due}
         gone = self._delete(out, [k for ks in doomed.values() for k in ks], self._listing(m))
         done = [name for name, ks in doomed.items() if set(ks) <= gone]
-        self._update(out, term, lambda fresh: ops.drop_replaced(fresh, done))
+        self._update(out, term, lambda fresh: edits.drop_replaced(fresh, done))
 
     def _archives(self, out: HousekeepingOutcome, term: int, now_ms: int) -> None:
         m = out.manifest
-        expired = ops.expired_archives(m)
+        expired = edits.expired_archives(m)
         if not expired:
             return
         prefix = keys.partition_data_prefix(m.topic, m.partition, m.revision)
@@ -244,11 +244,11 @@ class GarbageCollector:
 
         def drop(fresh: PartitionManifest) -> PartitionManifest:
             count = 0
-            for entry in ops.expired_archives(fresh):
+            for entry in edits.expired_archives(fresh):
                 if fresh.archive_key(entry) not in gone:
                     break
                 count += 1
-            return ops.drop_expired_archives(fresh, count)
+            return edits.drop_expired_archives(fresh, count)
 
         if gone:
             self._update(out, term, drop)

@@ -59,7 +59,7 @@ from archiver.space import (
     safe_delete_below,
     upload_backlog_bytes,
 )
-from archiver.throttle import UploadThrottle
+from archiver.upload_budget import UploadThrottle
 from archiver.upload_policy import LogSnapshot, UploadParams
 from archiver.uploader import (
     ArchivalCursor,

@@ -35,7 +35,7 @@ from typing import Protocol, TypeVar
 
 import crc32c
 
-from archiver.bandwidth import ConcurrencyLimit, TokenBucket
+from archiver.upload_limits import ConcurrencyLimit, TokenBucket
 from archiver.upload_policy import (
     DECISION_LOG_LEVEL,
     ArchivalState,
@@ -46,7 +46,7 @@ from archiver.upload_policy import (
     UploadParams,
     plan_uploads,
 )
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.commit import ManifestStore
 from manifests.errors import StaleTerm
 from manifests.manifest import PartitionManifest
@@ -405,7 +405,7 @@ def archive_partition(
     only for programming errors: every partition fault comes back as an `UploadOutcome`."""
     out = UploadOutcome("up_to_date")
     try:
-        m = ops.with_term(head(cursor, mstore, target), target.term)
+        m = edits.with_term(head(cursor, mstore, target), target.term)
         _run(target, mstore, cursor, m, snapshot, params, now_ms, submit, gate,
              index_interval_bytes, out)
     except StaleTerm as err:
@@ -535,14 +535,14 @@ def _commit(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCurs
     def add(fresh: PartitionManifest) -> PartitionManifest:
         if fresh is not m:
             out.conflicts += 1  # a re-read after a lost race
-        fresh = ops.with_term(fresh, target.term)
+        fresh = edits.with_term(fresh, target.term)
         rest = [s for s in metas if s.base_offset >= fresh.next_offset]
         empty = fresh.last_offset == -1 and not fresh.segments and not fresh.archives
         if not rest or (rest[0].base_offset != fresh.next_offset and not empty):
             raise TieredError(f"{where}: another writer changed the manifest; its uploads no "
                               "longer continue it and will be re-planned")
         committed[:] = rest
-        return ops.add_segments(fresh, rest)
+        return edits.add_segments(fresh, rest)
 
     try:
         done = mstore.update(target.topic, target.partition, target.revision, add,

@@ -3,7 +3,7 @@ plain LRU against Belady's optimal (the ceiling), at several cache sizes.
 
 The simulation works at the chunk level and makes its decisions through the same pure code the
 cache runs: `cache.eviction` strategies (voluntary release after each read, victim order when
-the cache is full) and `cache.readers.ReaderTable` (holds of the chunk a reader is in,
+the cache is full) and `cache.read_sessions.ReaderTable` (holds of the chunk a reader is in,
 sequential detection, the future needs the predictive strategy ranks by). The cache holds
 `capacity` chunks; a miss with a full cache evicts one chunk in the strategy's victim order
 (unheld first, then position-held, as `ChunkCache._trim` does). Belady evicts the chunk whose
@@ -41,7 +41,7 @@ from cache.eviction import (  # noqa: E402
     SegmentSnapshot,
     make_strategy,
 )
-from cache.readers import ReaderTable  # noqa: E402
+from cache.read_sessions import ReaderTable  # noqa: E402
 
 #: the configured strategies plus plain LRU, then the ceiling
 POLICIES = (*sorted(STRATEGIES), "belady")

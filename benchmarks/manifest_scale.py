@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from manifests import ops
+from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta, SegmentTable
@@ -174,15 +174,15 @@ def run_tiered(spec: dict[str, str], args: argparse.Namespace) -> dict[str, Any]
     head_max = 0
     started = time.perf_counter()
     for batch in batches(history(args.segments, args.seed), args.batch):
-        m = ops.with_term(m, batch[-1].writer_term)
-        result = writer.commit(ops.add_segments(m, batch), etag)
+        m = edits.with_term(m, batch[-1].writer_term)
+        result = writer.commit(edits.add_segments(m, batch), etag)
         m, etag = result.manifest, result.etag
         head_max = max(head_max, len(encode_partition_manifest(m)))
     build = time.perf_counter() - started
     commit_times = []
     for i in range(args.commits):
         started = time.perf_counter()
-        result = writer.commit(ops.add_segments(m, extra_segment(m, i)), etag)
+        result = writer.commit(edits.add_segments(m, extra_segment(m, i)), etag)
         commit_times.append(time.perf_counter() - started)
         m, etag = result.manifest, result.etag
     cold_s, cold_gets, warm_s, warm_gets, archive_gets = [], [], [], [], []
@@ -242,7 +242,7 @@ def run_naive(spec: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     commit_times = []
     for i in range(args.naive_commits):
         started = time.perf_counter()
-        m = ops.add_segments(m, extra_segment(m, i)).evolve(sequence=m.sequence + 1)
+        m = edits.add_segments(m, extra_segment(m, i)).evolve(sequence=m.sequence + 1)
         etag = store.put(key, encode_partition_manifest(m), if_match=etag)
         commit_times.append(time.perf_counter() - started)
     head_bytes = store.head(key).size
@@ -251,12 +251,12 @@ def run_naive(spec: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
         before = store.calls["get"]
         started = time.perf_counter()
         loaded = decode_partition_manifest(store.get(key), key=key)
-        seg = ops.find_offset(loaded, offset)
+        seg = edits.find_offset(loaded, offset)
         cold_s.append(time.perf_counter() - started)
         cold_gets.append(store.calls["get"] - before)
         before = store.calls["get"]
         started = time.perf_counter()
-        again = ops.find_offset(loaded, offset)
+        again = edits.find_offset(loaded, offset)
         warm_s.append(time.perf_counter() - started)
         warm_gets.append(store.calls["get"] - before)
         assert again == seg

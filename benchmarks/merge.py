@@ -38,9 +38,9 @@ from typing import Any
 import crc32c
 from _common import MB, Stopwatch, emit, mb_per_s, progress, versions
 
-from manifests import ManifestSettings, ManifestStore, SegmentMeta, SegmentTable, keys, ops
+from manifests import ManifestSettings, ManifestStore, SegmentMeta, SegmentTable, edits, keys
 from manifests.topic import TopicManifest, save_topic_manifest
-from spark_jobs.common import JobContext
+from spark_jobs.job_context import JobContext
 from spark_jobs.merge import execute_locally, run_merge
 from spark_jobs.merge_plan import MergeLimits, plan_runs
 from tiered.config import Config, parse_config
@@ -66,7 +66,7 @@ def seed_bucket(config: Config, partitions: int, segments: int,
     total = 0
     for p in range(partitions):
         m, etag = mstore.load(TOPIC, p, REVISION)
-        m = ops.with_term(m, 1)
+        m = edits.with_term(m, 1)
         metas = []
         off = 0
         for _ in range(segments):
@@ -92,7 +92,7 @@ def seed_bucket(config: Config, partitions: int, segments: int,
             store.put(m.segment_key(meta), data)
             metas.append(meta)
             total += len(data)
-        mstore.commit(ops.add_segments(m, metas), etag)
+        mstore.commit(edits.add_segments(m, metas), etag)
     store.close()
     return total
 

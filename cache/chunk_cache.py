@@ -34,13 +34,13 @@ from types import TracebackType
 from cache import disk
 from cache.accounting import CacheSettings
 from cache.buffers import ChunkBuffers
+from cache.chunk_entries import CacheEntry, SegmentInfo
 from cache.chunk_reads import ChunkReads
 from cache.download import Fetcher, Streamer, Verifier
-from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheError
 from cache.eviction import make_strategy
 from cache.hydration import ChunkFile, Hydration
-from cache.readers import ReaderId
+from cache.read_sessions import ReaderId
 from cache.space import Space
 from cache.state import CacheState
 from cache.streams import Streams

@@ -5,7 +5,7 @@ Each is pinned and hydrated (`cache.hydration`: joined if another reader downloa
 if a read-ahead can bring it, `cache.streams`); a stored chunk that fails its checks is dropped
 and fetched again, a few times, and one found gone (evicted by another process sharing the
 directory) fetched again too. After the read the reader's position and holds are updated
-(`cache.readers`), the strategy lets go of what it no longer needs (`cache.space`) and, for a
+(`cache.read_sessions`), the strategy lets go of what it no longer needs (`cache.space`) and, for a
 consumer session, read-ahead starts or the chunks ahead are prefetched. Without a `stream`
 function prefetches run on the prefetch executor (`ChunkCache`'s `prefetch_executor`, or a
 private two-thread pool).
@@ -19,11 +19,11 @@ from concurrent.futures import Executor, Future
 from typing import TypeVar
 
 from cache import disk
+from cache.chunk_entries import CacheEntry, SegmentInfo
 from cache.chunks import chunks_for_range
-from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheError, CacheFullError
 from cache.hydration import ChunkFile, Hydration
-from cache.readers import ReaderId
+from cache.read_sessions import ReaderId
 from cache.space import Space
 from cache.state import CacheState
 from cache.streams import Streams

@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from typing import NamedTuple
 
 from cache import disk
+from cache.chunk_entries import CacheEntry, SegmentInfo
 from cache.download import Fetcher, fetch_verified
-from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheError, CacheFullError
 from cache.eviction import ChunkId
 from cache.mapped import MappedFile

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.chunk_cache import ChunkCache
+from cache.fetched_bytes import Pieces
 from cache.local_view import LocalView
 from cache.manifest_view import (
     METADATA_TTL_S,
@@ -54,7 +55,6 @@ from cache.manifest_view import (
     ManifestView,
     UnknownPartition,
 )
-from cache.pieces import Pieces
 from cache.segment_reads import (
     LocalSegments,
     RemoteSegments,
@@ -287,7 +287,7 @@ class Reader:
         self, topic: str, partition: int, offset: int, max_bytes: int = DEFAULT_MAX_BYTES,
         *, reader_id: Hashable | None = None, max_files: int | None = None,
     ) -> FetchedPieces:
-        """`fetch`, with the bytes left where they lie (`cache.pieces`): the HTTP endpoint
+        """`fetch`, with the bytes left where they lie (`cache.fetched_bytes`): the HTTP endpoint
         sends the chunk-file ranges with sendfile. Close the answer when it is sent.
         `max_files`: the answer holds at most this many chunk files open (at least one); it
         stops short of `max_bytes` before opening more (the Kafka endpoint's per-request

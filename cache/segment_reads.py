@@ -37,7 +37,7 @@ from cache.chunk_cache import ChunkCache, ChunkFile, ReaderId, SegmentHandle
 from cache.chunks import plan_chunks
 from cache.disk import BLOCK
 from cache.download import Verifier
-from cache.pieces import FilePiece, Pieces
+from cache.fetched_bytes import FilePiece, Pieces
 from manifests import keys
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from cache.accounting import CacheLimits, plan_trim
-from cache.entries import CacheEntry
+from cache.chunk_entries import CacheEntry
 from cache.errors import CacheFullError
 from cache.eviction import ChunkId, ChunkView, EvictionStrategy, SegmentSnapshot
 from cache.state import CacheState

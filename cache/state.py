@@ -18,11 +18,11 @@ from pathlib import Path
 
 from cache import disk
 from cache.accounting import CacheSettings
+from cache.chunk_entries import CacheEntry, SegmentInfo
 from cache.disk_health import DiskHealth
-from cache.entries import CacheEntry, SegmentInfo
 from cache.eviction import ChunkId
 from cache.mapped import MappedFile
-from cache.readers import ReaderTable
+from cache.read_sessions import ReaderTable
 
 __all__ = ["CacheState"]
 

@@ -28,12 +28,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from cache import disk
+from cache.chunk_entries import CacheEntry, SegmentInfo
 from cache.download import ByteStream, Streamer
-from cache.entries import CacheEntry, SegmentInfo
 from cache.errors import CacheError, CacheFullError
 from cache.eviction import ChunkId
 from cache.hydration import Hydration
-from cache.readers import ReaderId
+from cache.read_sessions import ReaderId
 from cache.space import Space
 from cache.staging import BufferedChunk, StagedChunk
 from cache.state import CacheState

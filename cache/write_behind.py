@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cache import disk
 from cache.buffers import ChunkBuffers
-from cache.entries import CacheEntry
+from cache.chunk_entries import CacheEntry
 from cache.errors import CacheError, CacheFullError
 from cache.mapped import MappedFile
 from cache.state import CacheState

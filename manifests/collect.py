@@ -15,7 +15,7 @@ collection") gives the argument; in short, every orphan falls in one class:
 * **cutoff**: any other name of ours (a merge's or compaction's replacement object). The
   collector first commits `gc_cutoff_ms` >= the object's last-modified time onto the very head
   version it decided from, and only then deletes; a writer may newly reference an object only
-  if it is younger than the cutoff of the head it commits onto (`ops.check_not_collected`).
+  if it is younger than the cutoff of the head it commits onto (`edits.check_not_collected`).
   Replacement names carry a random part, so a deleted name is never created again.
 * **kept**: the frontier (an appended segment at or past the next offset by the current term:
   a writer may be about to commit it; it becomes dead once the log moves past it), the head
@@ -34,7 +34,7 @@ import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, ManifestConflict, StaleTerm
 from manifests.manifest import PartitionManifest
@@ -94,7 +94,7 @@ def data_verdict(name: str, head: HeadFacts) -> Verdict:
     if named is not None and (below := head.below_start(named.base_offset,
                                                         named.last_offset)) is not None:
         return below  # a head starting later is no reason to collect what lies below it
-    if not ops.is_append_name(name):
+    if not edits.is_append_name(name):
         return Verdict.CUTOFF
     parsed = keys.parse_segment_name(segment)
     assert parsed is not None  # is_append_name parsed it
@@ -161,7 +161,7 @@ def referenced_data_names(mstore: ManifestStore, m: PartitionManifest) -> set[st
         add(name)
     for r in m.replaced:
         add(r.segment.object_name)
-    expired = set(ops.expired_archives(m))
+    expired = set(edits.expired_archives(m))
     for entry in m.archives:
         try:
             for obj in mstore.archive_objects(m, entry):
@@ -239,7 +239,7 @@ def collect_orphans(
             try:
                 # onto the very version the decision was made from: a commit that named one
                 # of these objects since would make this lose its race
-                mstore.commit(ops.raise_gc_cutoff(m, cutoff), etag)
+                mstore.commit(edits.raise_gc_cutoff(m, cutoff), etag)
                 out.cutoff_ms = cutoff
             except (ManifestConflict, StaleTerm) as exc:
                 for info in by_cutoff:

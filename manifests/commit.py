@@ -31,7 +31,7 @@ from typing import NamedTuple, NoReturn
 
 import crc32c
 
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.archive_cache import ArchiveCache
 from manifests.cas import retry_conflicts
 from manifests.errors import (
@@ -381,7 +381,7 @@ class ManifestStore:
 
         `start` is a (manifest, ETag) the caller believes current, tried first to save a read;
         a lost race replaces it with the bucket's. A change that writes as a term applies
-        `ops.with_term` itself, and so raises `StaleTerm` once a newer term owns the partition
+        `edits.with_term` itself, and so raises `StaleTerm` once a newer term owns the partition
         (a commit refused for the term is otherwise just a lost race: re-applied on the fresh
         head). Raises `ManifestContention` when races were still being lost at the deadline,
         whatever `change` raises (`StaleTerm`, `InvalidUpdate`, ...) at once, and
@@ -404,7 +404,7 @@ class ManifestStore:
                 raise
             except StaleTerm as fenced:
                 # a newer term wrote since `m` was read: re-apply on the fresh head, where a
-                # change that writes as a term (`ops.with_term`) raises StaleTerm itself
+                # change that writes as a term (`edits.with_term`) raises StaleTerm itself
                 raise ManifestConflict(fenced.key, None, None) from fenced
             return Updated(result.manifest, result.etag, True, archived_keys=result.archived_keys)
 
@@ -459,7 +459,7 @@ class ManifestStore:
     def find_offset(self, m: PartitionManifest, offset: int) -> SegmentMeta:
         """The segment holding `offset`: the head first, then the one archived manifest (per
         index level) whose range covers it. Raises `OffsetOutOfRange`."""
-        hit = ops.find_offset(m, offset)
+        hit = edits.find_offset(m, offset)
         while isinstance(hit, ArchiveEntry):
             found = self.archived(m, hit).find(offset)
             if found is None:
@@ -474,7 +474,7 @@ class ManifestStore:
         record at or after it), or None when every record is older. Reads only archives whose
         max timestamp reaches `timestamp`."""
         start = m.log_start_offset
-        for item in ops.iter_from(m, start):
+        for item in edits.iter_from(m, start):
             if item.max_timestamp < timestamp:
                 continue
             if isinstance(item, SegmentMeta):
@@ -489,7 +489,7 @@ class ManifestStore:
     ) -> SegmentMeta | None:
         node = self.archived(m, entry)
         i = 0
-        while (hit := ops.node_find_timestamp(node, timestamp, start, i)) is not None:
+        while (hit := edits.node_find_timestamp(node, timestamp, start, i)) is not None:
             i, row = hit
             if isinstance(row, SegmentMeta):
                 return row
@@ -503,7 +503,7 @@ class ManifestStore:
         """Every live segment holding offsets >= `from_offset`, in offset order, reading
         archived manifests one at a time as the iteration reaches them."""
         start = max(from_offset, m.log_start_offset)
-        for item in ops.iter_from(m, start):
+        for item in edits.iter_from(m, start):
             if isinstance(item, ArchiveEntry):
                 yield from self._iter_archive(m, item, start)
             else:
@@ -512,7 +512,7 @@ class ManifestStore:
     def _iter_archive(
         self, m: PartitionManifest, entry: ArchiveEntry, start: int
     ) -> Iterator[SegmentMeta]:
-        for item in ops.node_iter_from(self.archived(m, entry), start):
+        for item in edits.node_iter_from(self.archived(m, entry), start):
             if isinstance(item, ArchiveEntry):
                 yield from self._iter_archive(m, item, start)
             else:
@@ -523,7 +523,7 @@ class ManifestStore:
     def archive_objects(
         self, m: PartitionManifest, entry: ArchiveEntry
     ) -> Iterator[ArchivedObject]:
-        """Every object below `entry` (an expired archive, see `ops.expired_archives`): each
+        """Every object below `entry` (an expired archive, see `edits.expired_archives`): each
         segment object before the archived manifest listing it, children before index
         manifests, so deleting in this order never leaves a listed object missing."""
         node = self.archived(m, entry)
@@ -538,7 +538,7 @@ class ManifestStore:
     def referenced_archive_keys(self, m: PartitionManifest) -> set[str]:
         """Keys of every archived manifest reachable from `m` (reads index manifests only)."""
         found: set[str] = set()
-        expired = set(ops.expired_archives(m))
+        expired = set(edits.expired_archives(m))
         pending = list(m.archives)
         while pending:
             entry = pending.pop()

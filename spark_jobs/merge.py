@@ -10,7 +10,7 @@ re-checks every batch CRC), and upload the merged object under a name no object 
 any leftover of an earlier attempt. Indexes go up after the segment claimed its name; the
 manifest only after both (design invariant 1).
 
-The driver then commits each partition with compare-and-swap (`ops.replace_segments`): the
+The driver then commits each partition with compare-and-swap (`edits.replace_segments`): the
 merged-away segments move to `replaced` and are deleted by garbage collection after the grace
 period (design invariant 7). A lost race (the daemon committed meanwhile, or a newer term did)
 re-reads the manifest and re-applies every run whose segments it still lists unchanged; nothing is
@@ -38,9 +38,9 @@ from manifests import (
     PartitionManifest,
     StaleTerm,
     TopicManifest,
-    ops,
+    edits,
 )
-from spark_jobs.common import (
+from spark_jobs.job_context import (
     JobContext,
     PartitionRef,
     Progress,
@@ -223,7 +223,7 @@ def commit_partition(
             if r.meta is None or not run_applies(m, r):
                 continue
             try:
-                new = ops.replace_segments(new, r.meta, now_ms=now_ms,
+                new = edits.replace_segments(new, r.meta, now_ms=now_ms,
                                            uploaded_at_ms=r.uploaded_at_ms)
             except CollectedName as exc:  # collection may delete it: merge again later
                 reasons[id(r)] = f"not committing merged run: {exc}"

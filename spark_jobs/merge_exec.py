@@ -17,7 +17,7 @@ import crc32c
 from manifests import keys
 from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
-from spark_jobs.common import PartitionRef, job_error
+from spark_jobs.job_context import PartitionRef, job_error
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.records import iter_batch_headers

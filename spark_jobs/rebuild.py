@@ -26,15 +26,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.errors import ManifestConflict, ManifestError
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from manifests.serde import encode_partition_manifest
 from manifests.spillover import plan_spill
 from manifests.topic import TopicManifest, load_topic_manifest, save_topic_manifest
-from spark_jobs.common import JobContext, PartitionRef, job_error, map_with_store
-from spark_jobs.objects import ObjectFacts, run_tasks, walk_object
+from spark_jobs.job_context import JobContext, PartitionRef, job_error, map_with_store
+from spark_jobs.segment_walk import ObjectFacts, run_tasks, walk_object
 from tiered.errors import TieredError
 from tiered.store.base import ObjectStore
 from tiered.store.errors import ObjectNotFound, PreconditionFailed, StoreError
@@ -242,7 +242,7 @@ def _rebuild_partition(ctx: JobContext, ref: PartitionRef, state: str, etag: str
         row["error"] = plan.problem or "no readable segment object"
         return row
     term = max(s.writer_term for s in plan.chain)
-    m = ops.add_segments(PartitionManifest.new(ref.topic, ref.partition, ref.revision,
+    m = edits.add_segments(PartitionManifest.new(ref.topic, ref.partition, ref.revision,
                                                term=term), plan.chain)
     try:
         if state == "corrupt" and etag is not None and (

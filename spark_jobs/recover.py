@@ -38,12 +38,12 @@ from manifests.errors import ManifestError
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from manifests.topic import TopicManifest
-from spark_jobs.common import (
+from spark_jobs.job_context import (
     JobContext,
     PartitionRef,
     job_error,
 )
-from spark_jobs.objects import meta_problem, run_tasks, walk_object
+from spark_jobs.segment_walk import meta_problem, run_tasks, walk_object
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.checkpoints import (
     LEADER_EPOCH_CHECKPOINT,

@@ -16,7 +16,7 @@ still be in flight). `--delete-orphans` deletes orphans older than
 (`manifests.collect`, docs/format.md): decided afresh from the bucket, and only objects no
 writer can reference any more.
 
-Streaming and verifying one object is `spark_jobs.objects.walk_object`.
+Streaming and verifying one object is `spark_jobs.segment_walk.walk_object`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from manifests.collect import collect_orphans
 from manifests.errors import ManifestError
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
-from spark_jobs.common import JobContext, PartitionRef, job_error
-from spark_jobs.objects import meta_problem, run_tasks, walk_object
+from spark_jobs.job_context import JobContext, PartitionRef, job_error
+from spark_jobs.segment_walk import meta_problem, run_tasks, walk_object
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.store.base import ObjectInfo, ObjectStore
 from tiered.store.errors import ObjectNotFound, StoreError

@@ -13,11 +13,11 @@ from typing import Any
 
 import crc32c
 
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from manifests.topic import TopicManifest, save_topic_manifest
-from spark_jobs.common import JobContext
+from spark_jobs.job_context import JobContext
 from tiered.config import Config, parse_config
 from tiered.kafka.checkpoints import topic_id_to_str
 from tiered.kafka.local_log import LocalLog
@@ -93,7 +93,7 @@ def archive(store: ObjectStore, ctx: JobContext, log_dir: Path, *, term: int = 1
     for part in local:
         revision = topic_id_to_str(part.topic_id) if part.topic_id else "0"
         m, etag = ctx.manifests.load(part.topic, part.partition, revision)
-        m = ops.with_term(m, term)
+        m = edits.with_term(m, term)
         metas = []
         for seg in part.closed_segments:
             meta = upload_segment(store, m, seg, term=term,
@@ -104,7 +104,7 @@ def archive(store: ObjectStore, ctx: JobContext, log_dir: Path, *, term: int = 1
                 ".index": seg.index_path.read_bytes(),
                 ".timeindex": seg.timeindex_path.read_bytes(),
             }
-        ctx.manifests.commit(ops.add_segments(m, metas), etag)
+        ctx.manifests.commit(edits.add_segments(m, metas), etag)
         out.segments[part.partition] = metas
         save_topic_manifest(store, TopicManifest(
             part.topic, revision, partition_count=len(local)))

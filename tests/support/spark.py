@@ -8,9 +8,9 @@ from typing import Any
 import crc32c
 import pytest
 
-from manifests import ManifestSettings, ManifestStore, PartitionManifest, SegmentMeta, keys, ops
+from manifests import ManifestSettings, ManifestStore, PartitionManifest, SegmentMeta, edits, keys
 from manifests.topic import TopicManifest, save_topic_manifest
-from spark_jobs.common import JobContext
+from spark_jobs.job_context import JobContext
 from tiered.config import Config, parse_config
 from tiered.kafka.builder import encode_batch, make_records
 from tiered.kafka.index import OffsetIndex
@@ -66,7 +66,7 @@ def upload_segments(
                                       keys.index_name(meta.object_name, kind)), blob)
         store.put(keys.object_key(TOPIC, partition, REVISION, meta.object_name), data)
         metas.append(meta)
-    new = ops.add_segments(ops.with_term(m, max(term, m.term)), metas)
+    new = edits.add_segments(edits.with_term(m, max(term, m.term)), metas)
     result = mstore.commit(new, etag)
     return result.manifest, result.etag
 

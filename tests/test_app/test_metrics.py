@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from archiver.service import ArchiverStats
+from cache.fetched_bytes import FilePiece, Pieces
 from cache.mapped import MappedFile
-from cache.pieces import FilePiece, Pieces
 from tiered.app.health import Health, JobCounters
 from tiered.app.http_server import HttpServer, Response
 from tiered.app.metrics import (

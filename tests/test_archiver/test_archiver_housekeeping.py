@@ -26,7 +26,7 @@ from support.archiving import (
 from archiver.retention import retention_start_offset
 from archiver.service import Archiver
 from archiver.space import RetentionLimits
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from tiered.store.base import ObjectStore
@@ -217,7 +217,7 @@ def test_leftovers_of_a_crash_before_the_first_commit_wait_for_the_first_commit(
     # another writer commits the first segment under its own boundaries
     committed = SegmentMeta(0, 9, 0, 0, 1, 1, 1, 0)
     s3_store.put(m.segment_key(committed), b"x")
-    archiver.mstore.commit(ops.add_segments(ops.with_term(m, 1), [committed]), None)
+    archiver.mstore.commit(edits.add_segments(edits.with_term(m, 1), [committed]), None)
     assert archiver.housekeeping().deleted_remote_objects == 1
     assert not s3_store.exists(leftover)
 

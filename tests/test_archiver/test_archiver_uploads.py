@@ -26,8 +26,8 @@ from support.archiving import (
 from support.waiting import wait_until
 
 from archiver import uploader
-from archiver.bandwidth import ConcurrencyLimit, TokenBucket
 from archiver.service import Archiver
+from archiver.upload_limits import ConcurrencyLimit, TokenBucket
 from archiver.upload_policy import PolicyInputError
 from tiered.config import Config
 from tiered.kafka.checkpoints import TopicPartition

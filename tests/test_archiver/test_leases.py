@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from archiver.leases import LeaseKeeper
-from manifests import ops
+from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import StaleTerm
 from manifests.lease import PartitionId, read_lease, read_node_record
@@ -141,7 +141,7 @@ def test_a_holder_that_stops_renewing_is_taken_over_and_fenced(
     # and a commit it had in flight as its old term is refused
     p = theirs[0]
     with pytest.raises(StaleTerm):
-        mstore.update(p.topic, p.partition, p.revision, lambda m: ops.with_term(m, old))
+        mstore.update(p.topic, p.partition, p.revision, lambda m: edits.with_term(m, old))
     # when it wakes it finds the leases gone, then gets its share back by handover
     a.tick()
     assert a.stats().lost_total == len(theirs)

@@ -13,7 +13,7 @@ import pytest
 from support.archiving import Clock, Disk, drain, make_config, revision, write_partition
 
 from archiver.service import Archiver
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.collect import HeadFacts, Verdict, archive_verdict, collect_orphans, data_verdict
 from manifests.commit import ManifestStore
 from manifests.errors import HistoryWithoutHead
@@ -59,11 +59,11 @@ def test_archived_manifests_below_the_start_need_the_same_reason() -> None:
 def test_retention_records_why_the_start_moved() -> None:
     from manifests.model import SegmentMeta
 
-    m = ops.add_segments(PartitionManifest.new("orders", 0, "r", term=1), [
+    m = edits.add_segments(PartitionManifest.new("orders", 0, "r", term=1), [
         SegmentMeta(o, o + 99, 0, 0, 100, 1, 1, 0) for o in range(0, 400, 100)])
-    moved = ops.advance_start_offset(m, 200, now_ms=0)
+    moved = edits.advance_start_offset(m, 200, now_ms=0)
     assert moved.log_start_offset == 200 and moved.collectable_below == 200
-    assert ops.advance_start_offset(moved, 100, now_ms=0).collectable_below == 200
+    assert edits.advance_start_offset(moved, 100, now_ms=0).collectable_below == 200
 
 
 # -- against a real bucket ----------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_committing_a_fresh_head_over_history_is_refused(tmp_path: Path,
     m, _ = mstore.load("orders", 0, rev)
     meta = keys.partition_meta_prefix("orders", 0, rev)
     s3_store.delete_many([i.key for i in s3_store.list(meta) if i.key.startswith(m.key)])
-    later = ops.add_segments(PartitionManifest.new("orders", 0, rev, term=m.term + 1),
+    later = edits.add_segments(PartitionManifest.new("orders", 0, rev, term=m.term + 1),
                              [m.segments[-1]])  # a head starting at the last segment
     with pytest.raises(HistoryWithoutHead, match="recover --rebuild-manifests"):
         mstore.commit(later, None)
@@ -154,7 +154,7 @@ def test_the_collector_deletes_nothing_below_a_head_that_lost_history(
     mstore = ManifestStore(s3_store)
     m, etag = mstore.load("orders", 0, rev)
     objects = data_objects(s3_store, rev)
-    later = ops.add_segments(PartitionManifest.new("orders", 0, rev, term=m.term),
+    later = edits.add_segments(PartitionManifest.new("orders", 0, rev, term=m.term),
                              [m.segments[-1]])
     s3_store.put(m.key, encode_partition_manifest(later.evolve(sequence=m.sequence + 1)),
                  if_match=etag)

@@ -16,7 +16,7 @@ from support.waiting import wait_until
 from cache import disk
 from cache.accounting import CacheSettings
 from cache.buffers import ChunkBuffers
-from cache.entries import CacheEntry, SegmentInfo
+from cache.chunk_entries import CacheEntry, SegmentInfo
 from cache.errors import CacheFullError
 from cache.eviction import ChunkId, make_strategy
 from cache.hydration import Hydration

@@ -9,7 +9,7 @@ from support.remote import CountingStore
 from support.waiting import wait_until
 
 from cache.manifest_view import ManifestView, UnknownPartition
-from manifests import ops
+from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
@@ -31,7 +31,7 @@ def _commit(store: ObjectStore, last: int) -> None:
     mstore = ManifestStore(store)
     m, etag = mstore.load(TOPIC, 0, "0")
     seg = SegmentMeta(m.next_offset, last, 0, 0, 10, 1, 1, 0)
-    mstore.commit(ops.add_segments(m if etag else PartitionManifest.new(TOPIC, 0, "0", term=1),
+    mstore.commit(edits.add_segments(m if etag else PartitionManifest.new(TOPIC, 0, "0", term=1),
                                    [seg]), etag)
 
 

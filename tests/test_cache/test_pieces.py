@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cache import pieces as pieces_module
+from cache import fetched_bytes as pieces_module
+from cache.fetched_bytes import FilePiece, Pieces
 from cache.mapped import MappedFile
-from cache.pieces import FilePiece, Pieces
 
 
 def _drain(sock: socket.socket, into: list[bytes]) -> threading.Thread:

@@ -16,7 +16,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 
-from cache.pieces import FilePiece, Pieces
+from cache.fetched_bytes import FilePiece, Pieces
 from tiered.app.kafka_api.catalog import topic_id_of
 from tiered.app.kafka_api.messages import build, nested, request_class, response_class
 from tiered.app.kafka_api.wire import MalformedRequest, Reply, new_marker, parse_request

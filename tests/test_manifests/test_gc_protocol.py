@@ -16,7 +16,7 @@ import pytest
 from support.archiving import Clock, Disk, drain, load_manifest, make_config, write_partition
 
 from archiver.service import Archiver
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.collect import (
     HeadFacts,
     Verdict,
@@ -112,7 +112,7 @@ def commit_merge(mstore: ManifestStore, m: PartitionManifest, meta: SegmentMeta,
     at = uploaded_at(mstore.store, key)
     now = int(time.time() * 1000)
     done = mstore.update(m.topic, m.partition, m.revision,
-                         lambda fresh: ops.replace_segments(fresh, meta, now_ms=now,
+                         lambda fresh: edits.replace_segments(fresh, meta, now_ms=now,
                                                             uploaded_at_ms=at))
     return done.manifest
 
@@ -186,7 +186,7 @@ def test_a_writer_paused_past_the_grace_period_cannot_commit_a_collected_object(
     assert done.deleted == [key] and done.cutoff_ms >= uploaded_at(s3_store, m.key) - 1000
     with pytest.raises(CollectedName):
         merger.update(m.topic, m.partition, m.revision,
-                      lambda fresh: ops.replace_segments(fresh, meta, now_ms=0,
+                      lambda fresh: edits.replace_segments(fresh, meta, now_ms=0,
                                                          uploaded_at_ms=done.cutoff_ms))
     fresh, _ = merger.load(m.topic, m.partition, m.revision)
     assert fresh.gc_cutoff_ms == done.cutoff_ms and fresh.segments[0] != meta

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from manifest_fakes import MemoryStore, run_of, segment
 
-from manifests import ops
+from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import (
     CorruptManifest,
@@ -44,7 +44,7 @@ def test_missing_manifest_loads_as_empty_and_the_first_commit_creates_it(
     ms = ManifestStore(store)
     m, etag = load(ms)
     assert etag is None and m == PartitionManifest.new(TOPIC, PARTITION, REVISION)
-    result = ms.commit(ops.add_segments(ops.with_term(m, 1), run_of(0, 3)), None)
+    result = ms.commit(edits.add_segments(edits.with_term(m, 1), run_of(0, 3)), None)
     assert result.manifest.sequence == 1
     again, again_etag = load(ManifestStore(store))
     assert again == result.manifest and again_etag == result.etag
@@ -53,24 +53,24 @@ def test_missing_manifest_loads_as_empty_and_the_first_commit_creates_it(
 def test_second_first_write_loses_instead_of_overwriting(store: ObjectStore) -> None:
     a, b = ManifestStore(store), ManifestStore(store)
     m, _ = load(a)
-    m = ops.with_term(m, 1)
-    won = a.commit(ops.add_segments(m, run_of(0, 2)), None)
+    m = edits.with_term(m, 1)
+    won = a.commit(edits.add_segments(m, run_of(0, 2)), None)
     with pytest.raises(ManifestConflict) as info:
-        b.commit(ops.add_segments(m, [segment(0, 50, name="other.log")]), None)
+        b.commit(edits.add_segments(m, [segment(0, 50, name="other.log")]), None)
     assert info.value.current == won.manifest and info.value.etag == won.etag
     assert load(a)[0] == won.manifest
 
 
 def test_lost_race_hands_back_the_fresh_manifest_to_retry_on(store: ObjectStore) -> None:
     a, b = ManifestStore(store), ManifestStore(store)
-    base = a.commit(ops.add_segments(ops.with_term(load(a)[0], 1), run_of(0, 1)), None)
+    base = a.commit(edits.add_segments(edits.with_term(load(a)[0], 1), run_of(0, 1)), None)
     mb, etag_b = load(b)
-    a.commit(ops.add_segments(base.manifest, run_of(100, 1)), base.etag)  # a wins
+    a.commit(edits.add_segments(base.manifest, run_of(100, 1)), base.etag)  # a wins
     with pytest.raises(ManifestConflict) as info:
-        b.commit(ops.add_segments(mb, [segment(100, 10, name="b.log")]), etag_b)
+        b.commit(edits.add_segments(mb, [segment(100, 10, name="b.log")]), etag_b)
     fresh = info.value.current
     assert fresh is not None and fresh.last_offset == 199
-    retried = b.commit(ops.add_segments(fresh, [segment(200, 10, name="b.log")]), info.value.etag)
+    retried = b.commit(edits.add_segments(fresh, [segment(200, 10, name="b.log")]), info.value.etag)
     final, _ = load(ManifestStore(store))
     assert final == retried.manifest
     assert [s.base_offset for s in final.segments] == [0, 100, 200]  # both updates kept
@@ -88,7 +88,7 @@ def test_two_concurrent_writers_lose_no_update(store: ObjectStore) -> None:
         while done < per_writer:
             seg = segment(max(m.next_offset, 0), 10, name=f"w{index}-{done}.log")
             try:
-                result = ms.commit(ops.add_segments(ops.with_term(m, 1), [seg]), etag)
+                result = ms.commit(edits.add_segments(edits.with_term(m, 1), [seg]), etag)
             except ManifestConflict as lost:
                 conflicts[index] += 1
                 assert lost.current is not None
@@ -113,7 +113,7 @@ def append_one(name: str) -> Callable[[PartitionManifest], PartitionManifest]:
     """A change that appends one 10-offset segment called `name` at the manifest's end."""
 
     def change(m: PartitionManifest) -> PartitionManifest:
-        return ops.add_segments(ops.with_term(m, 1), [segment(m.next_offset, 10, name=name)])
+        return edits.add_segments(edits.with_term(m, 1), [segment(m.next_offset, 10, name=name)])
 
     return change
 
@@ -175,7 +175,7 @@ def test_update_gives_up_at_its_deadline_with_manifest_contention(store: ObjectS
     def change_while_racer_wins(m: PartitionManifest) -> PartitionManifest:
         count[0] += 1
         racer.update(TOPIC, PARTITION, REVISION, append_one(f"r{count[0]}.log"))
-        return ops.add_segments(ops.with_term(m, 1), [segment(m.next_offset, 10, name="x.log")])
+        return edits.add_segments(edits.with_term(m, 1), [segment(m.next_offset, 10, name="x.log")])
 
     waits: list[float] = []
     with pytest.raises(ManifestContention, match="lost the commit race") as info:
@@ -191,20 +191,21 @@ def test_update_gives_up_at_its_deadline_with_manifest_contention(store: ObjectS
 def test_stale_term_is_fenced_after_a_new_leader_commits(store: ObjectStore) -> None:
     old_leader, new_leader = ManifestStore(store), ManifestStore(store)
     first = old_leader.commit(
-        ops.add_segments(ops.with_term(load(old_leader)[0], 1), run_of(0, 1)), None
+        edits.add_segments(edits.with_term(load(old_leader)[0], 1), run_of(0, 1)), None
     )
     m2, etag2 = load(new_leader)
-    taken = new_leader.commit(ops.add_segments(ops.with_term(m2, 2), run_of(100, 1, term=2)), etag2)
+    taken = new_leader.commit(
+        edits.add_segments(edits.with_term(m2, 2), run_of(100, 1, term=2)), etag2)
     with pytest.raises(StaleTerm) as info:
-        old_leader.commit(ops.add_segments(first.manifest, run_of(100, 1)), first.etag)
+        old_leader.commit(edits.add_segments(first.manifest, run_of(100, 1)), first.etag)
     assert (info.value.stored_term, info.value.writer_term) == (2, 1)
     # re-reading does not help a fenced writer: the term cannot go back ...
     fresh, fresh_etag = load(old_leader)
     with pytest.raises(StaleTerm):
-        ops.with_term(fresh, 1)
+        edits.with_term(fresh, 1)
     # ... and a hand-built manifest with the old term is refused before anything is written
     with pytest.raises(StaleTerm):
-        old_leader.commit(ops.add_segments(fresh, run_of(200, 1)).evolve(term=1), fresh_etag)
+        old_leader.commit(edits.add_segments(fresh, run_of(200, 1)).evolve(term=1), fresh_etag)
     assert load(ManifestStore(store)) == (taken.manifest, taken.etag)
 
 
@@ -212,17 +213,17 @@ def test_commit_from_a_process_that_never_read_the_version_checks_its_term(
     store: ObjectStore,
 ) -> None:
     a = ManifestStore(store)
-    won = a.commit(ops.add_segments(ops.with_term(load(a)[0], 3), run_of(0, 1, term=3)), None)
+    won = a.commit(edits.add_segments(edits.with_term(load(a)[0], 3), run_of(0, 1, term=3)), None)
     stranger = ManifestStore(store)  # knows the ETag only from elsewhere
     with pytest.raises(StaleTerm):
         stranger.commit(won.manifest.evolve(term=2), won.etag)
-    ok = stranger.commit(ops.add_segments(won.manifest, run_of(100, 1, term=3)), won.etag)
+    ok = stranger.commit(edits.add_segments(won.manifest, run_of(100, 1, term=3)), won.etag)
     assert ok.manifest.sequence == 2
 
 
 def test_invalid_manifest_is_not_committed(store: ObjectStore) -> None:
     ms = ManifestStore(store)
-    m = ops.add_segments(ops.with_term(load(ms)[0], 1), run_of(0, 2))
+    m = edits.add_segments(edits.with_term(load(ms)[0], 1), run_of(0, 2))
     with pytest.raises(InvalidUpdate, match="cloud_bytes"):
         ms.commit(m.evolve(cloud_bytes=1), None)
     assert load(ms) == (PartitionManifest.new(TOPIC, PARTITION, REVISION), None)
@@ -230,7 +231,7 @@ def test_invalid_manifest_is_not_committed(store: ObjectStore) -> None:
 
 def test_corrupt_head_in_the_bucket_is_refused_with_its_key(store: ObjectStore) -> None:
     ms = ManifestStore(store)
-    result = ms.commit(ops.add_segments(ops.with_term(load(ms)[0], 1), run_of(0, 2)), None)
+    result = ms.commit(edits.add_segments(edits.with_term(load(ms)[0], 1), run_of(0, 2)), None)
     key = result.manifest.key
     store.put(key, encode_partition_manifest(result.manifest)[:-20])
     with pytest.raises(CorruptManifest) as info:
@@ -239,7 +240,7 @@ def test_corrupt_head_in_the_bucket_is_refused_with_its_key(store: ObjectStore) 
 
 
 def test_head_from_a_newer_release_is_refused(store: ObjectStore) -> None:
-    m = ops.add_segments(PartitionManifest.new(TOPIC, PARTITION, REVISION, term=1), run_of(0, 2))
+    m = edits.add_segments(PartitionManifest.new(TOPIC, PARTITION, REVISION, term=1), run_of(0, 2))
     doc = json.loads(encode_partition_manifest(m))
     doc["version"] = HEAD_FORMAT_VERSION + 1
     store.put(m.key, json.dumps(doc).encode())
@@ -251,9 +252,9 @@ def test_spilled_history_is_readable_by_another_process_with_one_get(store: Obje
     settings = ManifestSettings(spillover_size=4096)
     writer = ManifestStore(store, settings)
     m, etag = load(writer)
-    m = ops.with_term(m, 1)
+    m = edits.with_term(m, 1)
     for _ in range(6):
-        result = writer.commit(ops.add_segments(m, run_of(m.next_offset, 150)), etag)
+        result = writer.commit(edits.add_segments(m, run_of(m.next_offset, 150)), etag)
         m, etag = result.manifest, result.etag
     assert len(m.archives) >= 3
     reader = ManifestStore(store, settings)
@@ -278,6 +279,6 @@ def test_retried_put_that_finds_its_own_write_counts_as_committed() -> None:
         raise PreconditionFailed(f"{key}: retried request sees the new version")
 
     store.put = put_then_412  # type: ignore[method-assign]
-    result = ms.commit(ops.add_segments(ops.with_term(m, 1), run_of(0, 2)), etag)
+    result = ms.commit(edits.add_segments(edits.with_term(m, 1), run_of(0, 2)), etag)
     store.put = original_put  # type: ignore[method-assign]
     assert load(ManifestStore(store)) == (result.manifest, result.etag)

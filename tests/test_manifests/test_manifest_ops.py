@@ -1,4 +1,4 @@
-"""Pure manifest operations (manifests.ops): add, replace, retention, lookups.
+"""Pure manifest operations (manifests.edits): add, replace, retention, lookups.
 
 Defends design invariant 4 (offsets contiguous; a gap or overlap refused at the operation, not
 discovered later) and design invariant 7 (replaced objects are listed for deletion, never deleted
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from manifest_fakes import run_of, segment
 
-from manifests import ops
+from manifests import edits
 from manifests.errors import CollectedName, InvalidUpdate, OffsetGap, OffsetOverlap, StaleTerm
 from manifests.manifest import PartitionManifest, manifest_problem
 from manifests.model import ArchiveEntry, SegmentMeta
@@ -23,7 +23,7 @@ def fresh(term: int = 1) -> PartitionManifest:
 
 
 def with_segments(n: int = 5, count: int = 100, start: int = 0) -> PartitionManifest:
-    return ops.add_segments(fresh(), run_of(start, n, count))
+    return edits.add_segments(fresh(), run_of(start, n, count))
 
 
 def spilled(n: int = 400) -> PartitionManifest:
@@ -46,44 +46,44 @@ def test_add_appends_contiguous_segments_and_tracks_totals() -> None:
     m = valid(with_segments(3))
     assert (m.start_offset, m.last_offset, m.log_start_offset) == (0, 299, 0)
     assert m.cloud_bytes == sum(s.size_bytes for s in m.segments)
-    m = valid(ops.add_segments(m, [segment(300, 50)]))
+    m = valid(edits.add_segments(m, [segment(300, 50)]))
     assert m.last_offset == 349 and len(m.segments) == 4
 
 
 def test_first_segment_of_a_new_partition_may_start_past_zero() -> None:
-    m = valid(ops.add_segments(fresh(), [segment(1000, 10)]))
+    m = valid(edits.add_segments(fresh(), [segment(1000, 10)]))
     assert (m.start_offset, m.archive_start_offset, m.archive_clean_offset) == (1000, 1000, 1000)
 
 
 def test_gap_is_refused_with_the_missing_offsets() -> None:
     m = with_segments(2)
     with pytest.raises(OffsetGap, match=r"gap.*offsets 200\.\.249 would be missing") as info:
-        ops.add_segments(m, [segment(250, 10)])
+        edits.add_segments(m, [segment(250, 10)])
     assert (info.value.expected, info.value.got) == (200, 250)
 
 
 def test_gap_between_new_segments_is_refused() -> None:
     with pytest.raises(OffsetGap):
-        ops.add_segments(with_segments(1), [segment(100, 10), segment(111, 10)])
+        edits.add_segments(with_segments(1), [segment(100, 10), segment(111, 10)])
 
 
 def test_overlap_is_refused() -> None:
     m = with_segments(2)
     with pytest.raises(OffsetOverlap, match=r"overlap.*starts at offset 150.*up to 199"):
-        ops.add_segments(m, [segment(150, 100)])
+        edits.add_segments(m, [segment(150, 100)])
 
 
 def test_duplicate_of_the_last_segment_is_an_overlap() -> None:
     m = with_segments(2)
     with pytest.raises(OffsetOverlap):
-        ops.add_segments(m, [m.segments[-1]])
+        edits.add_segments(m, [m.segments[-1]])
 
 
 def test_refused_add_leaves_the_manifest_unchanged() -> None:
     m = with_segments(2)
     before = m.segments
     with pytest.raises(OffsetGap):
-        ops.add_segments(m, [segment(200, 10), segment(300, 10)])
+        edits.add_segments(m, [segment(200, 10), segment(300, 10)])
     assert m.segments == before and m.last_offset == 199
 
 
@@ -103,13 +103,13 @@ def test_refused_add_leaves_the_manifest_unchanged() -> None:
 )
 def test_impossible_segment_metadata_is_refused(bad: SegmentMeta, message: str) -> None:
     with pytest.raises(InvalidUpdate, match=message):
-        ops.add_segments(fresh(), [bad])
+        edits.add_segments(fresh(), [bad])
 
 
 def test_reusing_an_object_name_is_refused() -> None:
-    m = ops.add_segments(fresh(), [segment(0, 10, name="x.log")])
+    m = edits.add_segments(fresh(), [segment(0, 10, name="x.log")])
     with pytest.raises(InvalidUpdate, match="already used"):
-        ops.add_segments(m, [segment(10, 10, name="x.log")])
+        edits.add_segments(m, [segment(10, 10, name="x.log")])
 
 
 def test_default_names_carry_base_last_and_writer_term() -> None:
@@ -124,10 +124,10 @@ def test_default_names_carry_base_last_and_writer_term() -> None:
 
 def test_term_only_grows() -> None:
     m = fresh(term=5)
-    assert ops.with_term(m, 7).term == 7
-    assert ops.with_term(m, 5) is m
+    assert edits.with_term(m, 7).term == 7
+    assert edits.with_term(m, 5) is m
     with pytest.raises(StaleTerm, match="term 5, newer than this writer's term 4"):
-        ops.with_term(m, 4)
+        edits.with_term(m, 4)
 
 
 # -- replace -----------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def merged_of(m: PartitionManifest, first: int, last: int, **kw: object) -> Segm
 def test_merge_replaces_a_contiguous_run_and_queues_the_old_objects() -> None:
     m = with_segments(5)
     merged = merged_of(m, 1, 3)
-    out = valid(ops.replace_segments(m, merged, now_ms=1234))
+    out = valid(edits.replace_segments(m, merged, now_ms=1234))
     assert [s.base_offset for s in out.segments] == [0, 100, 400]
     assert out.segments[1] == merged
     assert [r.segment.base_offset for r in out.replaced] == [100, 200, 300]
@@ -166,7 +166,7 @@ def test_compacted_reupload_replaces_one_segment() -> None:
     compacted = SegmentMeta(
         100, 199, old.base_timestamp, old.max_timestamp, 10, 1, 1, 7, True, "100-199-1-1.log"
     )
-    out = valid(ops.replace_segments(m, compacted, now_ms=5))
+    out = valid(edits.replace_segments(m, compacted, now_ms=5))
     assert out.segments[1].compacted and out.replaced[0].segment == old
 
 
@@ -174,26 +174,26 @@ def test_merge_that_does_not_align_with_boundaries_is_refused() -> None:
     m = with_segments(5)
     bad = SegmentMeta(150, 399, 0, 0, 1, 1, 1, 0, name="m.log")
     with pytest.raises(InvalidUpdate, match="does not align"):
-        ops.replace_segments(m, bad, now_ms=0)
+        edits.replace_segments(m, bad, now_ms=0)
 
 
 def test_merge_past_the_end_is_refused() -> None:
     m = with_segments(2)
     with pytest.raises(InvalidUpdate, match="not listed"):
-        ops.replace_segments(m, SegmentMeta(100, 299, 0, 0, 1, 1, 1, 0, name="m.log"), now_ms=0)
+        edits.replace_segments(m, SegmentMeta(100, 299, 0, 0, 1, 1, 1, 0, name="m.log"), now_ms=0)
 
 
 def test_merge_reusing_a_replaced_objects_name_is_refused() -> None:
     """The new object would overwrite one that the committed manifest still names."""
     m = with_segments(3)
     with pytest.raises(InvalidUpdate, match="has the name of a segment it replaces"):
-        ops.replace_segments(m, merged_of(m, 0, 1, name="0-99-1.log"), now_ms=0)
+        edits.replace_segments(m, merged_of(m, 0, 1, name="0-99-1.log"), now_ms=0)
 
 
 def test_merge_in_the_archive_region_is_refused() -> None:
     m = spilled()
     with pytest.raises(InvalidUpdate, match="archived"):
-        ops.replace_segments(m, SegmentMeta(0, 199, 0, 0, 1, 1, 1, 0, name="m.log"), now_ms=0)
+        edits.replace_segments(m, SegmentMeta(0, 199, 0, 0, 1, 1, 1, 0, name="m.log"), now_ms=0)
 
 
 # -- retention ---------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_merge_in_the_archive_region_is_refused() -> None:
 
 def test_retention_drops_whole_segments_below_the_new_start() -> None:
     m = with_segments(5)
-    out = valid(ops.advance_start_offset(m, 250, now_ms=99))
+    out = valid(edits.advance_start_offset(m, 250, now_ms=99))
     assert out.start_offset == out.log_start_offset == 250
     assert [s.base_offset for s in out.segments] == [200, 300, 400]  # 200..299 holds 250
     assert [r.segment.base_offset for r in out.replaced] == [0, 100]
@@ -209,31 +209,31 @@ def test_retention_drops_whole_segments_below_the_new_start() -> None:
 
 
 def test_retention_never_moves_back_and_not_past_the_end() -> None:
-    m = ops.advance_start_offset(with_segments(5), 300, now_ms=0)
-    assert ops.advance_start_offset(m, 100, now_ms=0) is m
+    m = edits.advance_start_offset(with_segments(5), 300, now_ms=0)
+    assert edits.advance_start_offset(m, 100, now_ms=0) is m
     with pytest.raises(InvalidUpdate, match="log ends at 499"):
-        ops.advance_start_offset(m, 501, now_ms=0)
+        edits.advance_start_offset(m, 501, now_ms=0)
 
 
 def test_retention_of_everything_leaves_an_empty_head_that_continues_at_the_end() -> None:
-    m = valid(ops.advance_start_offset(with_segments(3), 300, now_ms=0))
+    m = valid(edits.advance_start_offset(with_segments(3), 300, now_ms=0))
     assert not m.segments and m.start_offset == 300 and m.last_offset == 299
-    m = valid(ops.add_segments(m, [segment(300, 10)]))
+    m = valid(edits.add_segments(m, [segment(300, 10)]))
     with pytest.raises(OffsetGap):
-        ops.add_segments(m, [segment(320, 10)])
+        edits.add_segments(m, [segment(320, 10)])
 
 
 def test_retention_in_the_archive_region_moves_only_archive_start() -> None:
     m = spilled()
     boundary = m.archives.last_last() + 1
-    out = valid(ops.advance_start_offset(m, 150, now_ms=0))
+    out = valid(edits.advance_start_offset(m, 150, now_ms=0))
     assert out.archive_start_offset == out.log_start_offset == 150
     assert out.archives == m.archives and out.segments == m.segments
     # whole expired archives are listed for GC, oldest first
-    assert all(e.last_offset < 150 for e in ops.expired_archives(out))
-    out2 = valid(ops.advance_start_offset(out, boundary + 50, now_ms=0))
+    assert all(e.last_offset < 150 for e in edits.expired_archives(out))
+    out2 = valid(edits.advance_start_offset(out, boundary + 50, now_ms=0))
     assert out2.log_start_offset == boundary + 50 and out2.archive_start_offset == boundary
-    assert len(ops.expired_archives(out2)) == len(out2.archives)
+    assert len(edits.expired_archives(out2)) == len(out2.archives)
 
 
 @pytest.mark.parametrize("past", ["second_head_segment", "everything"])
@@ -246,12 +246,12 @@ def test_retention_past_the_archives_keeps_the_manifest_valid_until_they_are_dro
     first = m.segments[0]
     new_start = m.segments[1].base_offset + 10 if past == "second_head_segment" else (
         m.next_offset)
-    out = valid(ops.advance_start_offset(m, new_start, now_ms=0))
+    out = valid(edits.advance_start_offset(m, new_start, now_ms=0))
     assert out.segments[0] == first and out.log_start_offset == first.last_offset
-    assert len(ops.expired_archives(out)) == len(out.archives)  # all of them go to GC
+    assert len(edits.expired_archives(out)) == len(out.archives)  # all of them go to GC
     # once GC dropped the archives, retention goes all the way
-    gone = valid(ops.drop_expired_archives(out, len(out.archives)))
-    final = valid(ops.advance_start_offset(gone, new_start, now_ms=0))
+    gone = valid(edits.drop_expired_archives(out, len(out.archives)))
+    final = valid(edits.advance_start_offset(gone, new_start, now_ms=0))
     assert final.log_start_offset == new_start
     assert not final.archives
 
@@ -259,24 +259,24 @@ def test_retention_past_the_archives_keeps_the_manifest_valid_until_they_are_dro
 def test_dropping_expired_archives_moves_the_clean_offset() -> None:
     m = spilled()
     assert len(m.archives) >= 2
-    out = ops.advance_start_offset(m, m.archives.last_offsets[0] + 1, now_ms=0)
-    assert len(ops.expired_archives(out)) == 1
+    out = edits.advance_start_offset(m, m.archives.last_offsets[0] + 1, now_ms=0)
+    assert len(edits.expired_archives(out)) == 1
     with pytest.raises(InvalidUpdate, match="refusing to drop 2"):
-        ops.drop_expired_archives(out, 2)
-    out = valid(ops.drop_expired_archives(out, 1))
+        edits.drop_expired_archives(out, 2)
+    out = valid(edits.drop_expired_archives(out, 1))
     assert out.archive_clean_offset == out.archives.first_base() == m.archives.base_offsets[1]
     assert out.cloud_bytes == m.cloud_bytes - m.archives[0].size_bytes
-    everything = ops.advance_start_offset(out, out.next_offset, now_ms=0)
-    gone = valid(ops.drop_expired_archives(everything, len(everything.archives)))
+    everything = edits.advance_start_offset(out, out.next_offset, now_ms=0)
+    gone = valid(edits.drop_expired_archives(everything, len(everything.archives)))
     assert not gone.archives and gone.archive_clean_offset == gone.start_offset
 
 
 def test_replaced_segments_become_due_after_the_grace_period() -> None:
-    m = ops.advance_start_offset(with_segments(3), 200, now_ms=1000)
-    assert ops.replaced_due(m, now_ms=1500, grace_ms=1000) == ()
-    due = ops.replaced_due(m, now_ms=2000, grace_ms=1000)
+    m = edits.advance_start_offset(with_segments(3), 200, now_ms=1000)
+    assert edits.replaced_due(m, now_ms=1500, grace_ms=1000) == ()
+    due = edits.replaced_due(m, now_ms=2000, grace_ms=1000)
     assert [r.segment.base_offset for r in due] == [0, 100]
-    out = valid(ops.drop_replaced(m, [due[0].segment.object_name, "unknown.log"]))
+    out = valid(edits.drop_replaced(m, [due[0].segment.object_name, "unknown.log"]))
     assert [r.segment.base_offset for r in out.replaced] == [100]
 
 
@@ -286,47 +286,47 @@ def test_replaced_segments_become_due_after_the_grace_period() -> None:
 def test_find_offset_returns_the_segment_holding_it() -> None:
     m = with_segments(5)
     for offset in (0, 99, 100, 250, 499):
-        seg = ops.find_offset(m, offset)
+        seg = edits.find_offset(m, offset)
         assert isinstance(seg, SegmentMeta) and seg.base_offset <= offset <= seg.last_offset
 
 
 @pytest.mark.parametrize("offset", [-1, 500, 10**12])
 def test_find_offset_outside_the_log_raises_offset_out_of_range(offset: int) -> None:
     with pytest.raises(OffsetOutOfRange, match="outside the offsets in the bucket"):
-        ops.find_offset(with_segments(5), offset)
+        edits.find_offset(with_segments(5), offset)
 
 
 def test_find_offset_below_the_log_start_is_out_of_range() -> None:
-    m = ops.advance_start_offset(with_segments(5), 250, now_ms=0)
+    m = edits.advance_start_offset(with_segments(5), 250, now_ms=0)
     with pytest.raises(OffsetOutOfRange):
-        ops.find_offset(m, 249)
-    assert ops.find_offset(m, 250).base_offset == 200
+        edits.find_offset(m, 249)
+    assert edits.find_offset(m, 250).base_offset == 200
 
 
 def test_find_offset_in_the_archive_region_returns_its_entry() -> None:
     m = spilled()
-    hit = ops.find_offset(m, 5)
+    hit = edits.find_offset(m, 5)
     assert isinstance(hit, ArchiveEntry) and hit.base_offset <= 5 <= hit.last_offset
 
 
 def test_find_timestamp_returns_the_first_segment_reaching_it() -> None:
-    m = ops.add_segments(
+    m = edits.add_segments(
         fresh(), [segment(0, 10, ts=1000), segment(10, 10, ts=5000), segment(20, 10, ts=3000)]
     )
-    assert ops.find_timestamp(m, 0).base_offset == 0  # type: ignore[union-attr]
-    assert ops.find_timestamp(m, 1009).base_offset == 0  # type: ignore[union-attr]
-    assert ops.find_timestamp(m, 1010).base_offset == 10  # type: ignore[union-attr]
+    assert edits.find_timestamp(m, 0).base_offset == 0  # type: ignore[union-attr]
+    assert edits.find_timestamp(m, 1009).base_offset == 0  # type: ignore[union-attr]
+    assert edits.find_timestamp(m, 1010).base_offset == 10  # type: ignore[union-attr]
     # timestamps need not grow with offsets: 3005 is first reached by segment 10..19
-    assert ops.find_timestamp(m, 3005).base_offset == 10  # type: ignore[union-attr]
-    assert ops.find_timestamp(m, 6000) is None
+    assert edits.find_timestamp(m, 3005).base_offset == 10  # type: ignore[union-attr]
+    assert edits.find_timestamp(m, 6000) is None
 
 
 def test_iter_from_yields_segments_in_order_from_the_one_holding_the_offset() -> None:
     m = with_segments(5)
-    assert [s.base_offset for s in ops.iter_from(m, 250)] == [200, 300, 400]
-    assert list(ops.iter_from(m, 500)) == []
-    m = ops.advance_start_offset(m, 150, now_ms=0)
-    assert [s.base_offset for s in ops.iter_from(m, 0)] == [100, 200, 300, 400]
+    assert [s.base_offset for s in edits.iter_from(m, 250)] == [200, 300, 400]
+    assert list(edits.iter_from(m, 500)) == []
+    m = edits.advance_start_offset(m, 150, now_ms=0)
+    assert [s.base_offset for s in edits.iter_from(m, 0)] == [100, 200, 300, 400]
 
 
 # -- garbage-collection safety -----------------------------------------------------------------
@@ -344,7 +344,7 @@ def test_iter_from_yields_segments_in_order_from_the_one_holding_the_offset() ->
     ("manifest.json", False),
 ])
 def test_is_append_name(name: str, append: bool) -> None:
-    assert ops.is_append_name(name) is append
+    assert edits.is_append_name(name) is append
 
 
 def test_merge_under_an_appended_segments_default_name_is_refused() -> None:
@@ -352,7 +352,7 @@ def test_merge_under_an_appended_segments_default_name_is_refused() -> None:
     deleted while its commit is in flight."""
     m = with_segments(3)
     with pytest.raises(InvalidUpdate, match="default name"):
-        ops.replace_segments(m, merged_of(m, 0, 1, name="0-199-1.log"), now_ms=0)
+        edits.replace_segments(m, merged_of(m, 0, 1, name="0-199-1.log"), now_ms=0)
 
 
 def test_replacement_no_younger_than_the_gc_cutoff_is_refused() -> None:
@@ -360,14 +360,14 @@ def test_replacement_no_younger_than_the_gc_cutoff_is_refused() -> None:
     merged = merged_of(m, 0, 1)
     for uploaded_at in (None, 4_000, 5_000):
         with pytest.raises(CollectedName, match="cutoff 5000"):
-            ops.replace_segments(m, merged, now_ms=0, uploaded_at_ms=uploaded_at)
-    out = ops.replace_segments(m, merged, now_ms=0, uploaded_at_ms=6_000)
+            edits.replace_segments(m, merged, now_ms=0, uploaded_at_ms=uploaded_at)
+    out = edits.replace_segments(m, merged, now_ms=0, uploaded_at_ms=6_000)
     assert out.segments[0] == merged
     # no cutoff committed yet: no collector ever deleted a replacement's object
-    ops.replace_segments(m.evolve(gc_cutoff_ms=0), merged, now_ms=0)
+    edits.replace_segments(m.evolve(gc_cutoff_ms=0), merged, now_ms=0)
 
 
 def test_gc_cutoff_only_grows() -> None:
     m = with_segments(1)
-    assert ops.raise_gc_cutoff(m, 9_000).gc_cutoff_ms == 9_000
-    assert ops.raise_gc_cutoff(ops.raise_gc_cutoff(m, 9_000), 3_000).gc_cutoff_ms == 9_000
+    assert edits.raise_gc_cutoff(m, 9_000).gc_cutoff_ms == 9_000
+    assert edits.raise_gc_cutoff(edits.raise_gc_cutoff(m, 9_000), 3_000).gc_cutoff_ms == 9_000

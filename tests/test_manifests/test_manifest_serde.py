@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from manifest_fakes import run_of, segment
 
-from manifests import ops
+from manifests import edits
 from manifests.errors import CorruptManifest, UnsupportedManifestVersion
 from manifests.manifest import ArchivedManifest, PartitionManifest, manifest_problem
 from manifests.model import HEAD_FORMAT_VERSION, SegmentMeta, SegmentTable
@@ -33,15 +33,15 @@ KEY = "20a325ba/meta/kafka/orders/0_abc/manifest.json"
 
 def sample() -> PartitionManifest:
     m = PartitionManifest.new("orders", 0, "abc", term=3)
-    m = ops.add_segments(m, [segment(0, 100, term=2), segment(100, 50, term=3, compacted=True)])
-    m = ops.add_segments(m, [segment(150, 10, term=3, name="150-159-3-1.log", ts=-1, crc=7)])
-    return ops.advance_start_offset(m, 100, now_ms=1_700_000_000_000)
+    m = edits.add_segments(m, [segment(0, 100, term=2), segment(100, 50, term=3, compacted=True)])
+    m = edits.add_segments(m, [segment(150, 10, term=3, name="150-159-3-1.log", ts=-1, crc=7)])
+    return edits.advance_start_offset(m, 100, now_ms=1_700_000_000_000)
 
 
 def test_golden_example_from_docs_format_md() -> None:
     """The example in docs/format.md is exactly what the writer produces."""
     m = PartitionManifest.new("orders", 0, "abc", term=2)
-    m = ops.add_segments(
+    m = edits.add_segments(
         m,
         [
             SegmentMeta(0, 99, 1700000000000, 1700000004000, 1048576, 1, 1, 0x1A2B3C4D),
@@ -119,12 +119,12 @@ def manifests(draw: st.DrawFn) -> PartitionManifest:
     for _ in range(draw(st.integers(0, 6))):
         action = draw(st.sampled_from(["add", "add", "retain", "merge", "spill"]))
         if action == "add":
-            m = ops.add_segments(
+            m = edits.add_segments(
                 m, draw(segment_runs(m.next_offset if m.last_offset >= 0 else start, term))
             )
         elif action == "retain" and m.last_offset >= 0:
             target = draw(st.integers(m.log_start_offset, m.next_offset))
-            m = ops.advance_start_offset(m, target, now_ms=draw(st.integers(0, 2**45)))
+            m = edits.advance_start_offset(m, target, now_ms=draw(st.integers(0, 2**45)))
         elif action == "merge" and len(m.segments) >= 2:
             a = m.segments[0]
             b = m.segments[1]
@@ -139,7 +139,7 @@ def manifests(draw: st.DrawFn) -> PartitionManifest:
                 1,
                 name=f"merged-{a.base_offset}-{b.last_offset}.log",
             )
-            m = ops.replace_segments(m, merged, now_ms=5)
+            m = edits.replace_segments(m, merged, now_ms=5)
         elif action == "spill":
             m = plan_spill(m, draw(st.sampled_from([2048, 4096]))).manifest
     assert manifest_problem(m) is None

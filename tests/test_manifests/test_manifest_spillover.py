@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from manifest_fakes import MemoryStore, run_of, segment
 
-from manifests import ops
+from manifests import edits
 from manifests.archive_cache import ArchiveCache
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest
@@ -35,12 +35,12 @@ def build(
     """Commit batches of `sizes[i]` segments of `count` offsets each."""
     ms = ManifestStore(store, ManifestSettings(spillover_size=spill, manifest_cache_size=cache))
     m, etag = ms.load(TOPIC, PARTITION, REVISION)
-    m = ops.with_term(m, 1)
+    m = edits.with_term(m, 1)
     flat: list[SegmentMeta] = []
     for n in sizes:
         batch = run_of(m.next_offset, n, count)
         flat.extend(batch)
-        result = ms.commit(ops.add_segments(m, batch), etag)
+        result = ms.commit(edits.add_segments(m, batch), etag)
         m, etag = result.manifest, result.etag
     return ms, m, etag, flat
 
@@ -51,7 +51,7 @@ def archive_keys(store: MemoryStore) -> list[str]:
 
 def depth(ms: ManifestStore, m: PartitionManifest, offset: int) -> int:
     """Archived manifests a cold lookup of `offset` has to read."""
-    hit = ops.find_offset(m, offset)
+    hit = edits.find_offset(m, offset)
     return hit.level + 1 if isinstance(hit, ArchiveEntry) else 0
 
 
@@ -85,7 +85,7 @@ def test_a_large_batch_spills_into_several_archives_of_about_the_spillover_size(
 
 
 def test_small_manifests_are_not_spilled() -> None:
-    m = ops.add_segments(PartitionManifest.new(TOPIC, 0, 1, term=1), run_of(0, 10))
+    m = edits.add_segments(PartitionManifest.new(TOPIC, 0, 1, term=1), run_of(0, 10))
     plan = plan_spill(m, 64 * 1024)
     assert plan.manifest is m and plan.uploads == ()
 
@@ -141,7 +141,7 @@ def test_retention_into_the_archive_region_hides_older_offsets() -> None:
     store = MemoryStore()
     ms, m, etag, flat = build(store, [300] * 5, 4096)
     cut = flat[100].base_offset + 50
-    m = ms.commit(ops.advance_start_offset(m, cut, now_ms=0), etag).manifest
+    m = ms.commit(edits.advance_start_offset(m, cut, now_ms=0), etag).manifest
     with pytest.raises(OffsetOutOfRange):
         ms.find_offset(m, cut - 1)
     assert ms.find_offset(m, cut) == flat[100]
@@ -163,7 +163,7 @@ def test_timestamp_lookup_reads_only_archives_that_reach_the_timestamp() -> None
 def test_timestamp_lookup_skips_expired_segments_of_a_partly_expired_archive() -> None:
     store = MemoryStore()
     ms, m, etag, flat = build(store, [300] * 3, 4096)
-    m = ms.commit(ops.advance_start_offset(m, flat[3].base_offset, now_ms=0), etag).manifest
+    m = ms.commit(edits.advance_start_offset(m, flat[3].base_offset, now_ms=0), etag).manifest
     assert ms.find_timestamp(m, 0) == flat[3]
 
 
@@ -199,7 +199,7 @@ def test_archived_manifests_are_uploaded_before_the_head_that_lists_them() -> No
         return original_put(key, data, **kw)  # type: ignore[arg-type]
 
     store.put = recording_put  # type: ignore[method-assign]
-    result = ms.commit(ops.add_segments(m, run_of(m.next_offset, 400)), etag)
+    result = ms.commit(edits.add_segments(m, run_of(m.next_offset, 400)), etag)
     assert result.archived_keys
     # archives, then the head, then the head's copy beside it (docs/format.md, "Losing objects")
     assert order[-1].startswith(m.key + ".copy-") and order[-2] == m.key
@@ -219,7 +219,7 @@ def test_crash_between_archive_upload_and_head_commit_leaves_a_readable_head() -
 
     store.put = failing_head_put  # type: ignore[method-assign]
     with pytest.raises(StoreError):
-        ms.commit(ops.add_segments(m, run_of(m.next_offset, 400)), etag)
+        ms.commit(edits.add_segments(m, run_of(m.next_offset, 400)), etag)
     store.put = original_put  # type: ignore[method-assign]
     reader = ManifestStore(store)
     current, current_etag = reader.load(TOPIC, PARTITION, REVISION)
@@ -232,7 +232,7 @@ def test_crash_between_archive_upload_and_head_commit_leaves_a_readable_head() -
 def test_retried_commit_reuses_identical_archives() -> None:
     store = MemoryStore()
     ms, m, etag, _ = build(store, [100], 4096)
-    change = ops.add_segments(m, run_of(m.next_offset, 400))
+    change = edits.add_segments(m, run_of(m.next_offset, 400))
     original_put = store.put
     calls = {"n": 0}
 
@@ -337,12 +337,12 @@ def test_expired_archives_are_dropped_after_gc() -> None:
     store = MemoryStore()
     ms, m, etag, flat = build(store, [300] * 4, 4096)
     first = m.archives[0]
-    m = ms.commit(ops.advance_start_offset(m, first.last_offset + 1, now_ms=0), etag).manifest
-    expired = ops.expired_archives(m)
+    m = ms.commit(edits.advance_start_offset(m, first.last_offset + 1, now_ms=0), etag).manifest
+    expired = edits.expired_archives(m)
     assert expired == (first,)
     doomed = [o.key for o in ms.archive_objects(m, first)]
     store.delete_many(doomed)
-    result = ms.commit(ops.drop_expired_archives(m, 1), ms.load(TOPIC, PARTITION, REVISION)[1])
+    result = ms.commit(edits.drop_expired_archives(m, 1), ms.load(TOPIC, PARTITION, REVISION)[1])
     assert result.manifest.archive_clean_offset == first.last_offset + 1
     assert list(ManifestStore(store).iter_segments(result.manifest)) == flat[first.segment_count :]
 
@@ -367,7 +367,7 @@ def test_settings_take_the_seed_name_as_an_alias_and_validate() -> None:
 
 def test_head_size_estimate_per_segment_is_about_forty_five_bytes() -> None:
     """The density the 1M-segment single-GET claim in docs/format.md rests on."""
-    m = ops.add_segments(
+    m = edits.add_segments(
         PartitionManifest.new(TOPIC, 0, 1, term=1),
         [
             segment(
@@ -389,9 +389,9 @@ def test_head_bound_holds_at_the_minimum_size_with_the_longest_names() -> None:
     store = MemoryStore()
     ms = ManifestStore(store, ManifestSettings(spillover_size=1024))
     m, etag = ms.load("t" * 249, 2**31 - 1, "r" * 64)
-    m = ops.with_term(m, 1)
+    m = edits.with_term(m, 1)
     for _ in range(40):
-        result = ms.commit(ops.add_segments(m, run_of(m.next_offset, 50)), etag)
+        result = ms.commit(edits.add_segments(m, run_of(m.next_offset, 50)), etag)
         m, etag = result.manifest, result.etag
         assert len(store.objects[m.key][0]) <= 2 * 1024
     assert sum(1 for _ in ms.iter_segments(m)) == 2000

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support.spark import make_context
 
-from spark_jobs.common import JobContext
+from spark_jobs.job_context import JobContext
 from tiered.store.base import ObjectStore
 
 HERE = Path(__file__).parent

@@ -28,9 +28,9 @@ from support.spark import (
     upload_segments,
 )
 
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.errors import ManifestConflict
-from spark_jobs.common import JobContext, PartitionRef
+from spark_jobs.job_context import JobContext, PartitionRef
 from spark_jobs.merge import build_tasks, run_merge
 from spark_jobs.merge_exec import merge_run
 from spark_jobs.merge_plan import merge_limits, plan_runs
@@ -116,7 +116,7 @@ def test_daemon_retention_invalidating_a_run_replans_and_deletes_the_stale_objec
             return
         m, etag = ctx.manifests.load(TOPIC, part.partition, REVISION)
         cut = m.segments[1].last_offset + 1  # drop the first two segments
-        ctx.manifests.commit(ops.advance_start_offset(m, cut, now_ms=1), etag)
+        ctx.manifests.commit(edits.advance_start_offset(m, cut, now_ms=1), etag)
 
     summary = run_merge(ctx, before_commit=retention)
     assert summary["ok"], summary["errors"]

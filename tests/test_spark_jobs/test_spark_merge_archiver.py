@@ -14,7 +14,7 @@ from support.spark import read_back
 
 from archiver.service import Archiver
 from manifests import ManifestSettings, ManifestStore
-from spark_jobs.common import JobContext, PartitionRef
+from spark_jobs.job_context import JobContext, PartitionRef
 from spark_jobs.merge import run_merge
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.local_log import LocalLog

@@ -31,7 +31,7 @@ from support.recovery import (
 
 from manifests.model import SegmentMeta
 from spark_jobs import submit
-from spark_jobs.common import JobContext
+from spark_jobs.job_context import JobContext
 from spark_jobs.recover import epoch_entries, run_recover, select_newest
 from tiered.errors import TieredError
 from tiered.kafka.checkpoints import (

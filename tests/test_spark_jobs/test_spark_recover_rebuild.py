@@ -29,7 +29,7 @@ from support.recovery import (
 from manifests import keys
 from manifests.model import SegmentMeta
 from manifests.topic import load_topic_manifest
-from spark_jobs.common import JobContext
+from spark_jobs.job_context import JobContext
 from spark_jobs.rebuild import plan_chain
 from spark_jobs.recover import run_rebuild_manifests, run_recover
 from tiered.kafka.checkpoints import TopicPartition
@@ -260,14 +260,14 @@ def test_a_head_that_misses_history_is_rebuilt_on_its_etag(
     """A readable head that starts at its last segment with no recorded retention, over the
     segments below it: rebuilt from the listing by compare-and-swap, every segment back, its
     term kept (docs/format.md, "Losing objects")."""
-    from manifests import ops
+    from manifests import edits
     from manifests.manifest import PartitionManifest
     from manifests.serde import encode_partition_manifest
 
     ctx, store, archived = bucket
     m, etag = ctx.manifests.load(TOPIC, 0, REVISION)
     assert etag is not None
-    later = ops.add_segments(PartitionManifest.new(TOPIC, 0, REVISION, term=m.term),
+    later = edits.add_segments(PartitionManifest.new(TOPIC, 0, REVISION, term=m.term),
                              [m.segments[-1]]).evolve(sequence=m.sequence + 1)
     store.put(m.key, encode_partition_manifest(later), if_match=etag)
 

@@ -27,12 +27,12 @@ from support.recovery import (
     write_log,
 )
 
-from manifests import keys, ops
+from manifests import edits, keys
 from manifests.model import SegmentMeta
 from spark_jobs import submit
-from spark_jobs.common import JobContext
-from spark_jobs.objects import walk_object
+from spark_jobs.job_context import JobContext
 from spark_jobs.scrub import chain_anomalies, run_scrub, summary_lines
+from spark_jobs.segment_walk import walk_object
 from tiered.errors import CorruptSegmentError
 from tiered.store import open_store
 from tiered.store.base import ObjectStore
@@ -205,7 +205,7 @@ def test_replaced_objects_await_gc_and_are_not_orphans(
                                                 generation=1))
     m, etag = ctx.manifests.load(TOPIC, 0, REVISION)
     store.put(m.segment_key(merged), data)
-    ctx.manifests.commit(ops.replace_segments(m, merged, now_ms=1_000), etag)
+    ctx.manifests.commit(edits.replace_segments(m, merged, now_ms=1_000), etag)
 
     summary = run_scrub(ctx, topic=TOPIC, delete_orphans=True, now_ms=LATER_MS)
 
@@ -283,7 +283,7 @@ def test_scrub_flags_history_below_a_head_that_starts_later_without_a_reason(
     ctx, store, _archived = bucket
     m, etag = ctx.manifests.load(TOPIC, 0, REVISION)
     assert etag is not None and len(m.segments) > 1
-    later = ops.add_segments(PartitionManifest.new(TOPIC, 0, REVISION, term=m.term),
+    later = edits.add_segments(PartitionManifest.new(TOPIC, 0, REVISION, term=m.term),
                              [m.segments[-1]]).evolve(sequence=m.sequence + 1)
     store.put(m.key, encode_partition_manifest(later), if_match=etag)
     below = {m.segment_key(s) for s in list(m.segments)[:-1]}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from spark_jobs.common import Progress
+from spark_jobs.job_context import Progress
 from spark_jobs.session import SparkUnavailable, require_pyspark
 
 

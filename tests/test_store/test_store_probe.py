@@ -17,7 +17,7 @@ from manifest_fakes import segment
 from support.s3 import TEST_MULTIPART_THRESHOLD
 from support.stores import IgnoresConditions, IgnoresIfMatch
 
-from manifests import ManifestStore, ops
+from manifests import ManifestStore, edits
 from manifests.manifest import PartitionManifest
 from tiered.store import (
     PROBE_PREFIX,
@@ -291,7 +291,7 @@ def test_the_opt_out_sends_no_condition_a_server_refuses(tmp_path: Path) -> None
     m, etag = mstore.load("orders", 0, "r")
     for base in range(0, 30, 10):
         def append(m: PartitionManifest, b: int = base) -> PartitionManifest:
-            return ops.add_segments(ops.with_term(m, 1), [segment(b, 10, name=f"s{b}.log")])
+            return edits.add_segments(edits.with_term(m, 1), [segment(b, 10, name=f"s{b}.log")])
 
         assert mstore.update("orders", 0, "r", append).committed
     assert mstore.load("orders", 0, "r")[0].next_offset == 30

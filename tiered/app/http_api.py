@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
-from cache.pieces import Pieces
+from cache.fetched_bytes import Pieces
 from cache.reader import (
     DEFAULT_MAX_BYTES,
     FetchedPieces,

@@ -27,7 +27,7 @@ from urllib.parse import parse_qs
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from cache.pieces import Pieces
+from cache.fetched_bytes import Pieces
 from tiered.app.health import Health
 from tiered.app.serving import Client, ConnectionServer, Limits
 

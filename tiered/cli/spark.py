@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from spark_jobs.common import JobContext, emit_summary
+from spark_jobs.job_context import JobContext, emit_summary
 from tiered.cli.options import config_option, json_option
 from tiered.config.units import UnitError, format_size, parse_size
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from cache.pieces import FilePiece, Pieces
+from cache.fetched_bytes import FilePiece, Pieces
 from cache.reader import FetchedPieces, InvalidRequest, UnknownPartition
 from manifests.security import Operation
 from tiered.app.kafka_api.context import Connection, FetchLimits, Services, error_code_of

@@ -26,7 +26,7 @@ from typing import Any
 
 from kio.serial import entity_reader, entity_writer
 
-from cache.pieces import Pieces
+from cache.fetched_bytes import Pieces
 from tiered.app.kafka_api.frame_check import FrameError, check_request
 from tiered.app.kafka_api.messages import request_class
 

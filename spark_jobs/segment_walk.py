@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import crc32c
 
 from manifests.model import SegmentMeta
-from spark_jobs.common import JobContext, Progress, map_with_store, slices_for
+from spark_jobs.job_context import JobContext, Progress, map_with_store, slices_for
 from tiered.config.units import format_size
 from tiered.errors import CorruptSegmentError
 from tiered.kafka.records import LOG_OVERHEAD, BatchHeader, iter_batch_headers

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from archiver import controller
-from archiver.bandwidth import ConcurrencyLimit, TokenBucket
+from archiver.upload_limits import ConcurrencyLimit, TokenBucket
 from archiver.controller import ControllerParams, UploadBudget
 
 log = logging.getLogger(__name__)

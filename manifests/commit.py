@@ -33,7 +33,7 @@ import crc32c
 
 from manifests import edits, keys
 from manifests.archive_cache import ArchiveCache
-from manifests.cas import retry_conflicts
+from manifests.cas import put_on_version, retry_conflicts
 from manifests.errors import (
     ArchiveKeyCollision,
     CorruptManifest,
@@ -213,10 +213,7 @@ class ManifestStore:
         new = plan.manifest.evolve(sequence=base_sequence + 1)
         data = encode_partition_manifest(new)
         try:
-            if expected_etag is None:
-                etag = self.store.put(key, data, if_none_match=True)
-            else:
-                etag = self.store.put(key, data, if_match=expected_etag)
+            etag = put_on_version(self.store, key, data, expected_etag)
         except PreconditionFailed:
             got = self._read_head(key)
             if got is None or encode_partition_manifest(got[0]) != data:
@@ -339,12 +336,10 @@ class ManifestStore:
                 continue
             data = encode_partition_manifest(m)
             try:
-                if over is None:
-                    etag = self.store.put(key, data, if_none_match=True)
-                else:
+                if over is not None:
                     self.store.put(f"{key}.corrupt-{over.strip(chr(34))[:16]}",
                                    self.store.get(key))
-                    etag = self.store.put(key, data, if_match=over)
+                etag = put_on_version(self.store, key, data, over)
             except (PreconditionFailed, ObjectNotFound):
                 return self._read_head(key)  # another writer got there first: take its head
             self._remember(key, etag, m)

@@ -255,7 +255,7 @@ def _drop(store: ObjectStore, current: GroupOffsets, etag: str,
     kept = GroupOffsets(current.group,
                         {tp: c for tp, c in current.offsets.items() if tp not in gone})
     if kept.offsets:
-        store.put(kept.key, encode_group_offsets(kept), if_match=etag)
+        put_on_version(store, kept.key, encode_group_offsets(kept), etag)
         return kept
     if store.head(kept.key).etag != etag:
         raise PreconditionFailed(f"{kept.key}: changed while being emptied")

@@ -36,11 +36,11 @@ from typing import Any, TypeVar
 import scramp
 
 from manifests import keys
-from manifests.cas import retry_conflicts
+from manifests.cas import put_on_version, swap
 from manifests.errors import CorruptManifest, ManifestError
 from manifests.serde import load_document
 from tiered.store.base import ObjectStore
-from tiered.store.errors import ObjectNotFound, PreconditionFailed
+from tiered.store.errors import ObjectNotFound
 
 __all__ = [
     "CLUSTER_NAME",
@@ -375,21 +375,6 @@ def load_acls(store: ObjectStore) -> tuple[tuple[Acl, ...], str | None]:
     return _load(store, keys.SECURITY_ACLS_KEY, decode_acls, ())
 
 
-def _put(store: ObjectStore, key: str, data: bytes, etag: str | None) -> None:
-    if etag is None:
-        store.put(key, data, if_none_match=True)
-    else:
-        store.put(key, data, if_match=etag)
-
-
-def _cas(key: str, attempt: Callable[[], T], deadline_s: float) -> T:
-    try:
-        return retry_conflicts(attempt, conflict=PreconditionFailed, deadline_s=deadline_s)
-    except PreconditionFailed:
-        raise ManifestError(f"{key}: kept changing while being changed here; try again"
-                            ) from None
-
-
 def put_user(store: ObjectStore, user: User, *, deadline_s: float = CHANGE_DEADLINE_S) -> bool:
     """Store `user` (replacing every credential of a user of that name: a new password);
     True when the user is new."""
@@ -398,10 +383,11 @@ def put_user(store: ObjectStore, user: User, *, deadline_s: float = CHANGE_DEADL
         users, etag = load_users(store)
         new = user.name not in users
         users[user.name] = user
-        _put(store, keys.SECURITY_USERS_KEY, encode_users(users.values()), etag)
+        put_on_version(store, keys.SECURITY_USERS_KEY, encode_users(users.values()), etag)
         return new
 
-    return _cas(keys.SECURITY_USERS_KEY, attempt, deadline_s)
+    return swap(attempt, key=keys.SECURITY_USERS_KEY, what="the users",
+                deadline_s=deadline_s)
 
 
 def delete_user(store: ObjectStore, name: str, *, deadline_s: float = CHANGE_DEADLINE_S
@@ -413,10 +399,11 @@ def delete_user(store: ObjectStore, name: str, *, deadline_s: float = CHANGE_DEA
         if name not in users or etag is None:
             return False
         del users[name]
-        _put(store, keys.SECURITY_USERS_KEY, encode_users(users.values()), etag)
+        put_on_version(store, keys.SECURITY_USERS_KEY, encode_users(users.values()), etag)
         return True
 
-    return _cas(keys.SECURITY_USERS_KEY, attempt, deadline_s)
+    return swap(attempt, key=keys.SECURITY_USERS_KEY, what="the users",
+                deadline_s=deadline_s)
 
 
 def add_acl(store: ObjectStore, acl: Acl, *, deadline_s: float = CHANGE_DEADLINE_S) -> bool:
@@ -426,10 +413,11 @@ def add_acl(store: ObjectStore, acl: Acl, *, deadline_s: float = CHANGE_DEADLINE
         acls, etag = load_acls(store)
         if acl in acls:
             return False
-        _put(store, keys.SECURITY_ACLS_KEY, encode_acls((*acls, acl)), etag)
+        put_on_version(store, keys.SECURITY_ACLS_KEY, encode_acls((*acls, acl)), etag)
         return True
 
-    return _cas(keys.SECURITY_ACLS_KEY, attempt, deadline_s)
+    return swap(attempt, key=keys.SECURITY_ACLS_KEY, what="the ACLs",
+                deadline_s=deadline_s)
 
 
 def remove_acls(store: ObjectStore, matches: Callable[[Acl], bool], *,
@@ -440,8 +428,9 @@ def remove_acls(store: ObjectStore, matches: Callable[[Acl], bool], *,
         acls, etag = load_acls(store)
         gone = tuple(a for a in acls if matches(a))
         if gone and etag is not None:
-            _put(store, keys.SECURITY_ACLS_KEY,
+            put_on_version(store, keys.SECURITY_ACLS_KEY,
                  encode_acls(a for a in acls if a not in gone), etag)
         return gone
 
-    return _cas(keys.SECURITY_ACLS_KEY, attempt, deadline_s)
+    return swap(attempt, key=keys.SECURITY_ACLS_KEY, what="the ACLs",
+                deadline_s=deadline_s)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from manifests import edits, keys
+from manifests.cas import put_on_version
 from manifests.errors import ManifestConflict, ManifestError
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
@@ -220,7 +221,8 @@ def _commit_over_corrupt(ctx: JobContext, m: PartitionManifest, etag: str) -> st
         except PreconditionFailed:
             if store.get(upload.key) != upload.data:
                 raise TieredError(f"{upload.key}: holds a different archived manifest") from None
-    store.put(m.key, encode_partition_manifest(plan.manifest.evolve(sequence=1)), if_match=etag)
+    put_on_version(store, m.key, encode_partition_manifest(plan.manifest.evolve(sequence=1)),
+                   etag)
     return quarantine
 
 

@@ -71,7 +71,8 @@ class Enumeration:
         even as an unreadable manifest): a typo must not pass for "nothing to do"."""
         if topic is not None and not self.topics and not self.problems:
             raise UnknownTopic(f"unknown topic {topic!r}: the bucket holds no topic manifest "
-                               "for it (check the name, or the [storage] url)")
+                               "for it (check the name, or the [storage] url; if manifests "
+                               "were lost, `tiered recover --rebuild-manifests` recreates them)")
         return self
 
 

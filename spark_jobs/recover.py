@@ -250,7 +250,7 @@ class _Partition:
 def _pick_revision(ctx: JobContext, topic: str) -> tuple[TopicManifest, list[str]]:
     """The topic manifest to recover from. A deleted-and-recreated topic leaves several
     revisions: take the one whose head manifests were written last (the live one)."""
-    found = ctx.enumerate(topic)
+    found = ctx.enumerate(topic).require(topic)
     if not found.topics:
         problems = "; ".join(found.problems)
         raise TieredError(

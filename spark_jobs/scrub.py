@@ -296,7 +296,7 @@ def run_scrub(
     started = time.monotonic()
     now = int(time.time() * 1000) if now_ms is None else now_ms
     grace_ms = ctx.config.cluster_int("cloud_storage_gc_grace_period_ms")
-    found = ctx.enumerate(topic)
+    found = ctx.enumerate(topic).require(topic)
     anomalies = [Anomaly("corrupt_manifest", "", p.split(":", 1)[0], p) for p in found.problems]
     scans: list[tuple[PartitionRef, Classification, PartitionManifest | None]] = []
     for ref in found.partitions:

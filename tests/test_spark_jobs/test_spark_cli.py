@@ -64,6 +64,10 @@ def test_merge_human_output_and_topic_filter(file_store: ObjectStore, spark: Any
     # a typo is not "nothing to do": the topic is unknown, said once, non-zero
     assert other.exit_code == 7, other.output
     assert "unknown topic 'nope'" in other.stderr and "Traceback" not in other.output
+    for job in (["scrub"], ["recover", "--log-dir", str(tmp_path / "out")]):
+        other = CliRunner().invoke(cli, [*job, "--config", str(config), "--topic", "nope"])
+        assert other.exit_code == 7, (job, other.output)
+        assert "unknown topic 'nope'" in other.stderr and "Traceback" not in other.output
     result = CliRunner().invoke(cli, ["merge", "--config", str(config), "--topic", TOPIC])
     assert result.exit_code == 0, result.output
     assert "segments: 12 -> " in result.stdout

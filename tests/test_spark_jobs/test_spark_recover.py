@@ -220,7 +220,7 @@ def test_a_corrupt_object_is_refused_and_named(
 def test_unknown_topic_is_a_clear_error(bucket: tuple[JobContext, ObjectStore],
                                         tmp_path: Path) -> None:
     ctx, _ = bucket
-    with pytest.raises(TieredError, match=r"no readable topic manifest.*--rebuild-manifests"):
+    with pytest.raises(TieredError, match=r"unknown topic .nope.*--rebuild-manifests"):
         run_recover(ctx, topic="nope", log_dir=tmp_path / "x", max_bytes=None)
 
 

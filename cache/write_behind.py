@@ -48,6 +48,8 @@ class WriteBehind:
         self.writing = False
         #: whether the thread watching for idle chunks in memory runs (`_watch_memory`)
         self.watching = False
+        #: passes that thread has made (tests wait for one instead of sleeping)
+        self.looks = 0
 
     def keep_in_memory(self, entry: CacheEntry, buffer: MappedFile) -> None:
         """Give `entry` the share `buffer` of the buffer its chunk arrived in, to serve it from
@@ -106,6 +108,7 @@ class WriteBehind:
                     return
                 pressed = buffers.lent_bytes * 2 > buffers.budget
                 wait = self.spill_idle() if pressed else _SPILL_IDLE_S
+                self.looks += 1
             state.stop.wait(wait)
 
     def _write_queued(self) -> None:

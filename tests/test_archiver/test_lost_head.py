@@ -254,7 +254,13 @@ def test_a_running_daemon_past_the_grace_period_loses_nothing_and_says_so(
         store.delete_many([i.key for i in store.list(meta) if i.key.startswith(key)])
         wait_until(lambda: "recover --rebuild-manifests" in json.dumps(health()),
                    "housekeeping to report the lost head", timeout_s=60)
-        time.sleep(GRACE_MS / 1000 + 1.5)  # past the grace: collection had its chance
+        # past the grace (store mtimes are whole seconds), then two housekeeping passes:
+        # collection had its chance
+        past = time.time() + GRACE_MS / 1000 + 1.1
+        wait_until(lambda: time.time() > past, "the grace period to pass", timeout_s=10)
+        runs = daemon.state.jobs["housekeeping"].runs
+        wait_until(lambda: daemon.state.jobs["housekeeping"].runs >= runs + 2,
+                   "housekeeping past the grace", timeout_s=60)
         now = health()
         assert now["status"] == "degraded", (now, store.exists(key))
         assert not store.exists(key)

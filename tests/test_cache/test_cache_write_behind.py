@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -236,6 +235,7 @@ def test_chunks_a_stopped_consumer_holds_are_written_once_buffers_run_short(
         seg.read(0, 100, reader="a")
         seg.read(100, 200, reader="a")  # the stream brings chunks 1 and 2: 3 buffers lent
         wait_until(lambda: cache.stats()["memory_chunks"] == 3, "chunks 0..2 in memory")
+        looks = cache._write_behind.looks
         now[0] += 2  # nobody reads them for two seconds
         if budget_chunks == 4:
             wait_until(lambda: cache.stats()["written_behind"] == 3, "the idle chunks written")
@@ -243,7 +243,8 @@ def test_chunks_a_stopped_consumer_holds_are_written_once_buffers_run_short(
             buffers = cache._write_behind.buffers
             assert buffers is not None and buffers.lent_bytes == 0
         else:
-            time.sleep(1.5)  # the watcher looked at least once
+            # a whole pass of the watcher after the clock moved (one may be under way)
+            wait_until(lambda: cache._write_behind.looks >= looks + 2, "the watcher to look")
             assert cache.stats()["memory_chunks"] == 3 and files(tmp_path / "cache")[0] == []
         assert seg.read(200, starts[3], reader="a") == data[200:starts[3]]  # and it goes on
 

@@ -746,7 +746,9 @@ def test_closing_a_reader_cancels_or_refuses_a_head_refresh_not_started_yet(
             reader.close()
             reader.manifest_view.refresh(next(iter(reader.manifest_view.heads._data)))
             assert not reader.manifest_view.refresh_timers
-    time.sleep(0.6)  # past when it was due
+        timers = list(threading.enumerate())
+    # the close joined every timer it cancelled: none is left to fire later
+    assert not [t for t in timers if t.name == "reader-manifest" and t.is_alive()]
     assert store.manifest_waits == 1  # the first fetch's only
 
 

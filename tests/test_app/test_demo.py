@@ -51,6 +51,7 @@ def _manifests(base: Path) -> dict[int, list[tuple[int, int, int, int]]]:
     return out
 
 
+@pytest.mark.slow  # a demo run
 def test_demo_command_archives_trims_and_shows(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
@@ -84,6 +85,7 @@ def test_demo_command_archives_trims_and_shows(tmp_path: Path,
             assert nxt == last + 1
 
 
+@pytest.mark.slow  # a demo run
 def test_demo_enforces_local_retention_only_below_what_the_bucket_holds(tmp_path: Path) -> None:
     result = run_demo(tmp_path / "d", echo=lambda line: None)
     assert result.ok and not result.continued
@@ -103,6 +105,7 @@ def test_demo_enforces_local_retention_only_below_what_the_bucket_holds(tmp_path
         assert closed_local <= target.retention_local_target_bytes
 
 
+@pytest.mark.slow  # a demo run
 def test_demo_reads_the_first_segment_back_from_the_bucket_byte_identical(
     tmp_path: Path,
 ) -> None:
@@ -122,6 +125,7 @@ def test_demo_reads_the_first_segment_back_from_the_bucket_byte_identical(
                for p in local)
 
 
+@pytest.mark.slow  # a demo run
 def test_read_back_reports_changed_bytes_and_a_missing_object_and_skips_local_data(
     tmp_path: Path,
 ) -> None:

@@ -212,6 +212,7 @@ def test_a_garbled_head_is_restored_exactly_from_its_copy(
     assert fresh.run_once().ok
 
 
+@pytest.mark.slow  # a daemon past the grace period
 def test_a_running_daemon_past_the_grace_period_loses_nothing_and_says_so(
         tmp_path: Path) -> None:
     """The issue's case under `tiered run`: the local log trimmed, then the head and its

@@ -939,14 +939,24 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
 
     progress(f"{CONSUMERS} concurrent consumers")
     targets = roles.concurrent
-    ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), CONSUMERS)
-    reads, took = run.parallel(
-        lambda i: run.read_segments(daemon.port, f"c{i}", [targets[i]]), CONSUMERS)
+    with CpuUse(run.moto, None) as base_cpu:
+        ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), CONSUMERS)
+    daemon.settle()
+    with CpuUse(run.moto, daemon) as use:
+        reads, took = run.parallel(
+            lambda i: run.read_segments(daemon.port, f"c{i}", [targets[i]]), CONSUMERS)
     for target, (_total, _took, pieces) in zip(targets, reads, strict=True):
         run.check_segments(target, pieces)
+    mine = sum(r[0] for r in reads)
     out["concurrent"] = {
         "consumers": CONSUMERS,
-        "tiered_mb_per_s": round(sum(r[0] for r in reads) / took / MB, 1),
+        "tiered_mb_per_s": round(mine / took / MB, 1),
         "boto3_ranged_get_threads_mb_per_s": round(sum(ranged) / ranged_s / MB, 1),
-        "ratio": ratio(sum(r[0] for r in reads) / took, sum(ranged) / ranged_s)}
+        "ratio": ratio(mine / took, sum(ranged) / ranged_s),
+        # where the time went: on 2 cores the processes share them (see CpuUse)
+        "daemon_cpu_s_per_mb": round(use.used["daemon"] / (mine / MB), 4),
+        "daemon_cores_busy": round(use.used["daemon"] / took, 2),
+        "store_server_cores_busy": round(use.used["store_server"] / took, 2),
+        "cpu_ms": {"boto3": base_cpu.ms(), "tiered": use.ms()},
+        "store_gets": use.gets, "store_mb": round(use.store_bytes / MB, 1)}
     return out

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from archiver import controller
-from archiver.upload_limits import ConcurrencyLimit, TokenBucket
 from archiver.controller import ControllerParams, UploadBudget
+from archiver.upload_limits import ConcurrencyLimit, TokenBucket
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ GETs of the same segment objects in the same run.
 Set-up: a moto_server child process; one partition of `--size-mb` MiB of incompressible 64 KiB
 batches (16 records of 4 KiB) in `--segment-mb` MiB segments, archived by the real archiver and
 deleted locally (a small active segment stays); a real `tiered run` child process with a
-[kafka] section and `cloud_storage_chunk_prefetch = --prefetch`.
+[kafka] section and `cloud_storage_chunk_prefetch = --prefetch`, or the key left out (the
+default: the adaptive read-ahead window, docs/remote-read.md) when `--prefetch` is not given.
 
 Measures (MB/s are 10**6 bytes of segment data per second; every record consumed is compared
 with the log after the clock stops):
@@ -133,16 +134,19 @@ def use_scram(config: Any) -> None:
                               "sasl_plain_password": SCRAM_PASSWORD})
 
 
-def config_text(work: Path, endpoint: str, port: int, prefetch: int, chunk: int,
+def config_text(work: Path, endpoint: str, port: int, prefetch: int | None, chunk: int,
                 cache_dir: Path, scram: bool = False) -> str:
+    """The daemon's configuration; `prefetch` None leaves `cloud_storage_chunk_prefetch` out
+    (the default, adaptive read-ahead)."""
     kafka = f'[kafka]\nlisten = "127.0.0.1:{port}"'
+    prefetch_line = "" if prefetch is None else f"cloud_storage_chunk_prefetch = {prefetch}"
     if scram:
         kafka += '\nsasl_mechanisms = ["SCRAM-SHA-512"]'
     return daemon_config(
         bucket=BUCKET, endpoint=endpoint, log_dir=work / "logs", cache_dir=cache_dir,
         sections=kafka, cluster=textwrap.dedent(f"""\
             cloud_storage_cache_size = {64 * 1024 * MIB}
-            cloud_storage_chunk_prefetch = {prefetch}
+            {prefetch_line}
             cloud_storage_cache_chunk_size = {chunk}
             # keep every chunk a reader passed until the cache needs room (the default, eager,
             # lets a chunk go once its reader moved on): the second run then reads a warm cache
@@ -231,7 +235,9 @@ def run(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="kafka_read.py", description=__doc__)
     parser.add_argument("--size-mb", type=int, default=288, help="archived history, MiB")
     parser.add_argument("--segment-mb", type=int, default=64)
-    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--prefetch", type=int, default=None,
+                        help="cloud_storage_chunk_prefetch; not given: the key is left out "
+                             "(the default, adaptive read-ahead)")
     parser.add_argument("--chunk-mb", type=int, default=16, help="cache chunk size, MiB")
     parser.add_argument("--kafka-python-mb", type=int, default=64,
                         help="history kafka-python reads, MiB")
@@ -254,6 +260,8 @@ def run(argv: list[str]) -> dict[str, Any]:
                               "segment_bytes": args.segment_mb * MIB,
                               "batch_bytes": RECORDS_PER_BATCH * RECORD_BYTES,
                               "prefetch_chunks": args.prefetch,
+                              "read_ahead": "adaptive" if args.prefetch is None
+                              else "off" if args.prefetch == 0 else "fixed",
                               "chunk_bytes": args.chunk_mb * MIB, "scram": args.scram,
                               "confluent_partition_fetch_bytes": (
                                   None if args.fetch_kb is None else args.fetch_kb * 1024)}

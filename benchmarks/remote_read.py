@@ -13,7 +13,8 @@ written with `LogWriter`, archived into the bucket by the real archiver, and rea
 * warm fetch: the same 1 MiB again from the cache (`capped` eviction keeps the chunks),
   against `Reader.fetch` from the local log and a bare `os.pread` of those bytes;
 * sequential consumer: one consumer session reads `--sequential-mb` from offset 0 in 1 MiB
-  fetches, without and with read-ahead (`cloud_storage_chunk_prefetch`), optionally thinking
+  fetches, without read-ahead (`cloud_storage_chunk_prefetch = 0`), with a fixed window
+  (`= --prefetch`) and at the default (the key not set: the adaptive window), optionally thinking
   `--think-ms` per fetch: total time, throughput, and the fetches that waited on a download.
 
 `python benchmarks/remote_read.py http` measures the same through a real `tiered run` and its
@@ -301,9 +302,11 @@ class Bench:
         return {"tiered_cache": summary(remote), "tiered_local_log": summary(local),
                 "local_file_pread": summary(pread)}
 
-    def sequential(self, prefetch: int) -> dict[str, Any]:
-        config = self.config(cloud_storage_chunk_prefetch=prefetch,
-                             cloud_storage_chunk_eviction_strategy="eager")
+    def sequential(self, prefetch: int | None) -> dict[str, Any]:
+        """One consumer session reading from offset 0; `prefetch` None leaves
+        `cloud_storage_chunk_prefetch` out (the default, adaptive read-ahead)."""
+        fixed = {} if prefetch is None else {"cloud_storage_chunk_prefetch": prefetch}
+        config = self.config(cloud_storage_chunk_eviction_strategy="eager", **fixed)
         reader, store = self.reader(config)
         latencies = []
         total = 0
@@ -393,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             progress("warm fetches")
             report["warm"] = bench.warm(offsets)
             sequential: dict[str, Any] = {}
-            for name, prefetch in (("no_readahead", 0), ("readahead", args.prefetch)):
+            for name, prefetch in (("no_readahead", 0), ("readahead", args.prefetch),
+                                   ("adaptive_readahead", None)):
                 progress(f"sequential consumer: {name}")
                 sequential[name] = bench.sequential(prefetch)
             report["sequential"] = sequential
@@ -424,6 +428,8 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
                                          warm["tiered_local_log"]["median_ms"]),
         "readahead_speedup": div(seq["readahead"]["mb_per_s"] or 0,
                                  seq["no_readahead"]["mb_per_s"] or 0),
+        "adaptive_readahead_speedup": div(seq["adaptive_readahead"]["mb_per_s"] or 0,
+                                          seq["no_readahead"]["mb_per_s"] or 0),
     }
 
 

@@ -44,7 +44,8 @@ def run_ab(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--pairs", type=at_least(1), default=8, help="runs per side")
     parser.add_argument("--segment-mb", type=at_least(1), default=62)
     parser.add_argument("--chunk-mb", type=at_least(1), default=16)
-    parser.add_argument("--prefetch", type=at_least(0), default=4)
+    parser.add_argument("--prefetch", type=at_least(0), default=None,
+                        help="cloud_storage_chunk_prefetch; not given: left out (adaptive)")
     args = parser.parse_args(argv)
     trees = {"a": _tree(parser, args.a), "b": _tree(parser, args.b)}
     # what remote_read_http's Run expects; the big active segment and trials are not used

@@ -7,7 +7,8 @@ archiver and deleted locally, plus a small active segment; partitions 1 and 2 ho
 archived segment each and an active segment of 16 MiB (1) or `--big-active-mb` MiB whose
 `.index` is empty (2: the log end must not cost a scan of it per fetch). A real `tiered run`
 child process serves `GET /v1/topics/T/partitions/P/records` with
-`cloud_storage_chunk_prefetch = --prefetch`.
+`cloud_storage_chunk_prefetch = --prefetch`, or with the key not set at all (the default: the
+adaptive read-ahead window, docs/remote-read.md) when `--prefetch` is not given.
 
 Measures (MB/s are 10**6 bytes per second; every byte read is compared with the log):
 * sequential: one new consumer session reads a segment start to end in 1 MiB fetches over one
@@ -25,7 +26,10 @@ Measures (MB/s are 10**6 bytes per second; every byte read is compared with the 
   consumer. `naive_proxy_checked_ratio` is the file-staging proxy doing, the plainest way,
   what the daemon cannot leave out (every batch checked before it is served, the next
   segment's first chunk read ahead, answers through http.server): the gap between it and
-  `ratio` is the cost of the daemon's own code.
+  `ratio` is the cost of the daemon's own code. `protocol_ceiling_*`: the same consumer
+  against a minimal HTTP server (`DISK_SERVER`, its own process) serving the segment's file
+  from local disk in the same 1 MiB fetches (sendfile), no store at all: the ceiling of the
+  protocol itself on this machine (`--no-naive` leaves the proxies and the ceiling out).
 * sequential_catch_up: one consumer session reads `CATCH_UP` consecutive segments start to end,
   as a consumer that fell behind does (read-ahead carries it across segment boundaries);
   baseline: boto3 streamed GETs of the same objects one after the other.
@@ -146,13 +150,17 @@ def write_partition(log_dir: Path, partition: int, closed: list[int], active: in
     return paths, end
 
 
-def config_text(work: Path, endpoint: str, prefetch: int, chunk: int, cache_dir: Path) -> str:
+def config_text(work: Path, endpoint: str, prefetch: int | None, chunk: int,
+                cache_dir: Path) -> str:
+    """The daemon's configuration; `prefetch` None leaves `cloud_storage_chunk_prefetch` out
+    (the default, adaptive read-ahead)."""
+    prefetch_line = "" if prefetch is None else f"cloud_storage_chunk_prefetch = {prefetch}"
     return daemon_config(
         bucket=BUCKET, endpoint=endpoint, log_dir=work / "logs", cache_dir=cache_dir,
         cluster=textwrap.dedent(f"""\
             cloud_storage_cache_size = {64 * 1024 * MIB}
             cloud_storage_cache_chunk_size = {chunk}
-            cloud_storage_chunk_prefetch = {prefetch}
+            {prefetch_line}
             cloud_storage_chunk_eviction_strategy = "eager"
             cloud_storage_segment_max_upload_interval_sec = 86400
             log_retention_ms = -1
@@ -414,6 +422,45 @@ NAIVE_PROXY = textwrap.dedent("""\
     """)
 
 
+#: The ceiling of the protocol: a minimal keep-alive HTTP server answering each 1 MiB fetch
+#: (`offset` is a byte position, as for the naive proxy) from a file on local disk with
+#: sendfile, the answer's header in one write. No store, no cache, no check.
+DISK_SERVER = textwrap.dedent("""\
+    import os, socket, sys, urllib.parse
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+    server = socket.create_server(("127.0.0.1", 0))
+    print(server.getsockname()[1], flush=True)
+    conn, _ = server.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    requests = conn.makefile("rb")
+    while True:
+        line = requests.readline()
+        if not line:
+            break
+        while requests.readline() not in (b"\\r\\n", b""):
+            pass
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(line.split()[1].decode()).query)
+        pos, n = int(query["offset"][0]), int(query["max_bytes"][0])
+        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nX-Next-Offset: %d\\r\\n\\r\\n"
+                     % (n, pos + n))
+        sent = 0
+        while sent < n:
+            sent += os.sendfile(conn.fileno(), fd, pos + sent, n - sent)
+    """)
+
+
+def disk_server(path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """`DISK_SERVER` over `path` in its own process; (process, port). It serves one
+    connection."""
+    proc = subprocess.Popen([sys.executable, "-c", DISK_SERVER, str(path)],
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None  # noqa: S101 - stdout=PIPE
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"the disk server did not start (exit {proc.wait()})")
+    return proc, int(line)
+
+
 def naive_proxy(url: str, size: int, staging: str, spool: Path, next_url: str = "",
                 chunk: int = 0) -> tuple[subprocess.Popen[bytes], int]:
     """`NAIVE_PROXY` for the object at presigned `url` (`size` bytes) in its own process,
@@ -658,6 +705,35 @@ class Run:
         self.check_segments(segment, [space])
         return took
 
+    def ceiling(self, segment: int) -> float:
+        """Seconds for a consumer to read `segment`'s file from local disk in 1 MiB fetches
+        through `DISK_SERVER` (the file read once before, so the page cache holds it, as the
+        daemon's cache holds its chunks); the bytes are compared afterwards."""
+        base, _end, size, _key = self.segments[segment]
+        path = self.truth[(0, base)]
+        path.read_bytes()
+        space = self.space_for([segment])
+        proc, port = disk_server(path)
+        consumer = None
+        try:
+            consumer = LeanConsumer(port, "ceiling")
+            position = 0
+            start = time.perf_counter()
+            while position < size:
+                _body, position = consumer.fetch(position, min(FETCH, size - position),
+                                                 space[position:])
+            took = time.perf_counter() - start
+        finally:
+            if consumer is not None:
+                consumer.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.check_segments(segment, [space])
+        return took
+
     def boto3_stream(self, segment: int) -> tuple[int, float]:
         key = self.segments[segment][3]
         start = time.perf_counter()
@@ -697,7 +773,11 @@ def run_http(argv: list[str]) -> dict[str, Any]:
                              "catching up, 8 concurrent, cold; each role's own with an unread "
                              f"one after it at {ROLES_SPACED} or more, shared below")
     parser.add_argument("--chunk-mb", type=at_least(1), default=16)
-    parser.add_argument("--prefetch", type=at_least(0), default=4)
+    parser.add_argument("--prefetch", type=at_least(0), default=None,
+                        help="cloud_storage_chunk_prefetch; not given: the key is left out "
+                             "(the default, adaptive read-ahead)")
+    parser.add_argument("--no-naive", action="store_true",
+                        help="leave out the naive proxies and the protocol ceiling (shorter)")
     parser.add_argument("--big-active-mb", type=at_least(1), default=256)
     parser.add_argument("--trials", type=at_least(1), default=7)
     parser.add_argument("--seed", type=int, default=1)
@@ -709,7 +789,9 @@ def run_http(argv: list[str]) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="tiered-remote-read-http-"))
     report: dict[str, Any] = {"benchmark": "remote_read http", "segment_bytes":
                               args.segment_mb * MIB, "chunk_bytes": args.chunk_mb * MIB,
-                              "fetch_bytes": FETCH, "prefetch_chunks": args.prefetch}
+                              "fetch_bytes": FETCH, "prefetch_chunks": args.prefetch,
+                              "read_ahead": "adaptive" if args.prefetch is None
+                              else "off" if args.prefetch == 0 else "fixed"}
     try:
         with MotoServer() as moto:
             moto.create_bucket(BUCKET)
@@ -820,11 +902,16 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
             mine, mine_s, pieces = run.read_segments(daemon.port, f"sequential{segment}",
                                                      [segment], space)
         run.check_segments(segment, pieces)
-        naive = {}
-        for staging in ("memory", "file", "checked"):
+        naive: dict[str, float] = {}
+        for staging in () if args.no_naive else ("memory", "file", "checked"):
             daemon.settle()
             _total, base_s = run.boto3_stream(segment)
             naive[f"naive_proxy_{staging}_ratio"] = round(base_s / run.naive(segment, staging), 3)
+        if not args.no_naive:
+            _total, base_s = run.boto3_stream(segment)
+            ceiling_s = run.ceiling(segment)
+            naive["protocol_ceiling_mb_per_s"] = round(total / ceiling_s / MB, 1)
+            naive["protocol_ceiling_ratio"] = round(base_s / ceiling_s, 3)
         runs.append(naive | {"tiered_mb_per_s": round(mine / mine_s / MB, 1),
                      "boto3_streamed_get_mb_per_s": round(total / took / MB, 1),
                      "ratio": round(mine / mine_s / (total / took), 3),
@@ -852,14 +939,24 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
 
     progress(f"{CONSUMERS} concurrent consumers")
     targets = roles.concurrent
-    ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), CONSUMERS)
-    reads, took = run.parallel(
-        lambda i: run.read_segments(daemon.port, f"c{i}", [targets[i]]), CONSUMERS)
+    with CpuUse(run.moto, None) as base_cpu:
+        ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), CONSUMERS)
+    daemon.settle()
+    with CpuUse(run.moto, daemon) as use:
+        reads, took = run.parallel(
+            lambda i: run.read_segments(daemon.port, f"c{i}", [targets[i]]), CONSUMERS)
     for target, (_total, _took, pieces) in zip(targets, reads, strict=True):
         run.check_segments(target, pieces)
+    mine = sum(r[0] for r in reads)
     out["concurrent"] = {
         "consumers": CONSUMERS,
-        "tiered_mb_per_s": round(sum(r[0] for r in reads) / took / MB, 1),
+        "tiered_mb_per_s": round(mine / took / MB, 1),
         "boto3_ranged_get_threads_mb_per_s": round(sum(ranged) / ranged_s / MB, 1),
-        "ratio": ratio(sum(r[0] for r in reads) / took, sum(ranged) / ranged_s)}
+        "ratio": ratio(mine / took, sum(ranged) / ranged_s),
+        # where the time went: on 2 cores the processes share them (see CpuUse)
+        "daemon_cpu_s_per_mb": round(use.used["daemon"] / (mine / MB), 4),
+        "daemon_cores_busy": round(use.used["daemon"] / took, 2),
+        "store_server_cores_busy": round(use.used["store_server"] / took, 2),
+        "cpu_ms": {"boto3": base_cpu.ms(), "tiered": use.ms()},
+        "store_gets": use.gets, "store_mb": round(use.store_bytes / MB, 1)}
     return out

@@ -49,8 +49,9 @@ class CacheSettings:
     min_chunks_per_segment_threshold: int = 5
     #: cloud_storage_disable_chunk_reads: download whole segments
     disable_chunk_reads: bool = False
-    #: cloud_storage_chunk_prefetch: chunks read ahead of a sequential reader
-    chunk_prefetch: int = 0
+    #: cloud_storage_chunk_prefetch: chunks read ahead of a sequential reader; None (not set):
+    #: an adaptive window per reader (`cache.readahead`); 0: no read-ahead
+    chunk_prefetch: int | None = None
     #: cloud_storage_cache_memory_size (tiered's own): memory for streamed chunks not written
     #: to the cache directory yet (`cache.buffers`); 0: every chunk is written as it arrives
     memory_bytes: int = 128 * MiB
@@ -88,7 +89,7 @@ class CacheSettings:
             problems.append(
                 f"cloud_storage_cache_memory_size must not be negative, got {self.memory_bytes}"
             )
-        if self.chunk_prefetch < 0:
+        if self.chunk_prefetch is not None and self.chunk_prefetch < 0:
             problems.append(
                 f"cloud_storage_chunk_prefetch must not be negative, got {self.chunk_prefetch}"
             )
@@ -137,7 +138,8 @@ class CacheSettings:
                     d.min_chunks_per_segment_threshold)
             ),
             disable_chunk_reads=bool(cluster.get("cloud_storage_disable_chunk_reads", False)),
-            chunk_prefetch=int(num("cloud_storage_chunk_prefetch", d.chunk_prefetch)),
+            chunk_prefetch=None if cluster.get("cloud_storage_chunk_prefetch") is None
+            else int(num("cloud_storage_chunk_prefetch", 0)),
             memory_bytes=int(num("cloud_storage_cache_memory_size", d.memory_bytes)),
         )
 

@@ -14,7 +14,7 @@ and the entries), as Redpanda splits the disk-wide `cache_service` from per-segm
 
 Threads: reads may come from any thread. Without a `stream` function prefetches run on
 `prefetch_executor` (a private two-thread pool when none is given and
-`cloud_storage_chunk_prefetch` > 0); read-ahead streams, the write-behind and the watch over
+read-ahead is on, `cache.readahead`); read-ahead streams, the write-behind and the watch over
 idle chunks in memory run on their own daemon threads, which `close()` waits for. `start()`
 runs the periodic check (`cloud_storage_cache_check_interval_ms`) on a daemon thread that
 `close()` stops.
@@ -41,6 +41,7 @@ from cache.errors import CacheError
 from cache.eviction import make_strategy
 from cache.hydration import ChunkFile, Hydration
 from cache.read_sessions import ReaderId
+from cache.readahead import ReadAheadPolicy
 from cache.space import Space
 from cache.state import CacheState
 from cache.streams import Streams
@@ -146,10 +147,13 @@ class ChunkCache:
         if disk_capacity is None:
             disk_capacity = shutil.disk_usage(self.root).total
         self.limits = settings.limits(disk_capacity)
+        self.read_ahead = ReadAheadPolicy.from_settings(
+            settings.chunk_prefetch, settings.chunk_size, self.limits.max_bytes)
         self._own_executor: ThreadPoolExecutor | None = None
-        if prefetch_executor is None and settings.chunk_prefetch > 0:
+        if prefetch_executor is None and self.read_ahead.enabled:
             self._own_executor = ThreadPoolExecutor(2, thread_name_prefix="cache-prefetch")
-        self._state = state = CacheState(self.root, settings, clock=clock, write=write)
+        self._state = state = CacheState(self.root, settings, clock=clock, write=write,
+                                         read_ahead=self.read_ahead)
         self._write_behind = WriteBehind(
             state, ChunkBuffers(settings.memory_bytes, settings.chunk_size)
             if stream is not None and settings.memory_bytes > 0 else None)
@@ -158,7 +162,7 @@ class ChunkCache:
         self._hydration = Hydration(state, self._space, self._write_behind, fetch,
                                     download_attempts=download_attempts)
         self._streams = Streams(state, self._space, self._hydration, self._write_behind,
-                                stream if settings.chunk_prefetch > 0 else None, stream)
+                                stream if self.read_ahead.enabled else None, stream)
         self._reads = ChunkReads(state, self._space, self._hydration, self._streams,
                                  prefetch_executor or self._own_executor)
         for found in disk.load_entries(self.root):
@@ -209,6 +213,13 @@ class ChunkCache:
             self._streams.cancel(reader)
             self._space.release_holds(state.readers.close(reader))
             state.cond.notify_all()
+
+    def read_ahead_window(self, reader: ReaderId) -> int:
+        """How many chunks past the one it reads are read ahead for `reader` now (its adaptive
+        window, `cache.readahead`, or the fixed `cloud_storage_chunk_prefetch`; 0 for a reader
+        not reading sequentially, or with read-ahead off)."""
+        with self._state.cond:
+            return self._state.readers.window(reader)
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges for metrics: hits, misses (downloads a read started), joined

@@ -156,7 +156,7 @@ class ChunkReads:
         inside_last = end < seg.bounds(last)[1]
         outcome = state.readers.after_read(
             reader, seg.chunk_ids, indices[0], last, inside_last=inside_last,
-            prefetch=state.settings.chunk_prefetch, now=state.clock(),
+            prefetch=state.read_ahead, now=state.clock(),
         )
         self._space.release_holds(outcome.released)
         ahead = [seg.starts.index(c.start) for c in outcome.prefetch if c not in state.entries]
@@ -225,12 +225,18 @@ class ChunkReads:
                 return None, None
             return None, self._hydration.wait_ready(seg, index, entry, download, partial_at)
         streams = self._streams
-        # a stream's first chunk, or the one chunk streamed: this one
-        if (session and reader is not None and streams.start_stream(seg, index, reader, entry)
+        # a stream's first chunk, or the one chunk streamed: this one. A reader that jumped
+        # gets no stream to the segment's end (docs/remote-read.md, "Read-ahead")
+        if (session and reader is not None and self._may_stream(seg, index, reader)
+                and streams.start_stream(seg, index, reader, entry)
                 or partial_at is not None and streams.stream_chunk(seg, index, entry)):
             assert download is not None  # noqa: S101 - a new entry downloads
             return None, self._hydration.wait_ready(seg, index, entry, download, partial_at)
         return self._hydration.download(seg, index, entry), None
+
+    def _may_stream(self, seg: SegmentInfo, index: int, reader: ReaderId) -> bool:
+        with self.state.cond:
+            return self.state.readers.may_continue(reader, seg.key, index)
 
     def _drop_missing(self, entry: CacheEntry) -> None:
         """Another process sharing the directory evicted `entry`'s file: forget it, so the

@@ -6,7 +6,9 @@ positioned in and the chunks prefetched for it, so no eviction strategy releases
 A reader is *sequential* when a read continues where its previous one stopped: the same chunk or
 the next one of the same segment, or chunk 0 of another segment right after it finished one.
 A sequential reader is predicted to need the rest of its segment, in order; `expect` registers
-needs explicitly instead (the predictive strategy ranks chunks by these).
+needs explicitly instead (the predictive strategy ranks chunks by these). Each reader carries its
+read-ahead window (`cache.readahead`): the chunks after the one it reads that are held and read
+ahead for it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from cache.eviction import ChunkId
+from cache.readahead import ReadAheadPolicy, ReadAheadWindow
 
 __all__ = ["ReadOutcome", "ReaderId", "ReaderTable"]
 
@@ -34,6 +37,8 @@ class _Reader:
     next_holds: set[ChunkId] = field(default_factory=set)
     expected: list[ChunkId] = field(default_factory=list)
     inferred: list[ChunkId] = field(default_factory=list)
+    #: how many chunks ahead of it are read ahead (None: not judged yet, no read)
+    window: ReadAheadWindow | None = None
 
     @property
     def future(self) -> list[ChunkId]:
@@ -72,22 +77,27 @@ class ReaderTable:
         last: int,
         *,
         inside_last: bool,
-        prefetch: int,
+        prefetch: ReadAheadPolicy | int,
         now: float,
     ) -> ReadOutcome:
         """Record that `reader` read chunks `first..last` (indices into `chunks`, the whole
-        segment's chunk list) and, when `inside_last`, stopped inside chunk `last`."""
+        segment's chunk list) and, when `inside_last`, stopped inside chunk `last`. `prefetch`:
+        the cache's read-ahead policy, or a fixed window of that many chunks (0: none); the
+        reader's window after this read decides the chunks to prefetch."""
         segment = chunks[0].segment
         prev = self._readers.get(reader)
-        sequential = prev is not None and (
-            (prev.segment == segment and first in (prev.last_chunk, prev.last_chunk + 1))
-            or (prev.segment != segment and prev.ended_segment and first == 0)
-        )
+        sequential = prev is not None and _continues(prev, segment, first)
         next_chunk = last if inside_last else last + 1
         holds = {chunks[last]} if inside_last else set()
+        if isinstance(prefetch, int):
+            prefetch = ReadAheadPolicy(prefetch, max(1, prefetch))
+        window = (prev.window if prev is not None and prev.window is not None
+                  and prev.window.policy == prefetch else prefetch.new_window())
+        moved = prev is None or (prev.segment, prev.last_chunk) != (segment, last)
+        size = window.on_read(sequential=sequential, moved=moved)
         ahead: tuple[ChunkId, ...] = ()
-        if sequential and prefetch > 0:
-            ahead = tuple(chunks[last + 1 : last + 1 + prefetch])
+        if size > 0:
+            ahead = tuple(chunks[last + 1 : last + 1 + size])
             holds.update(ahead)
         state = _Reader(
             segment=segment,
@@ -95,6 +105,7 @@ class ReaderTable:
             ended_segment=not inside_last and last == len(chunks) - 1,
             sequential=sequential,
             last_seen=now,
+            window=window,
         )
         if prev is not None and prev.expected:
             done = set(chunks[first:next_chunk])
@@ -115,6 +126,19 @@ class ReaderTable:
         """(segment, last chunk read, sequential) of `reader`; None when it is not known."""
         state = self._readers.get(reader)
         return None if state is None else (state.segment, state.last_chunk, state.sequential)
+
+    def may_continue(self, reader: ReaderId, segment: str, index: int) -> bool:
+        """Whether a read by `reader` of chunk `index` of `segment` may be the start of a
+        sequential run: the reader is new (nothing known yet), or the read continues where its
+        previous one stopped. A reader that jumped is not streamed for until it reads on."""
+        state = self._readers.get(reader)
+        return state is None or state.last_chunk < 0 or _continues(state, segment, index)
+
+    def window(self, reader: ReaderId) -> int:
+        """How many chunks past its current one are read ahead for `reader` (0: none, or it is
+        not known)."""
+        state = self._readers.get(reader)
+        return 0 if state is None or state.window is None else state.window.size
 
     def add_hold(self, reader: ReaderId, chunk: ChunkId) -> None:
         """Make `reader` hold `chunk` of the segment after the one it is in (read ahead for
@@ -169,3 +193,9 @@ class ReaderTable:
                 del self._holds[chunk]
                 released.append(chunk)
         return tuple(released)
+
+
+def _continues(prev: _Reader, segment: str, first: int) -> bool:
+    """Whether a read from chunk `first` of `segment` continues where `prev` stopped."""
+    return ((prev.segment == segment and first in (prev.last_chunk, prev.last_chunk + 1))
+            or (prev.segment != segment and prev.ended_segment and first == 0))

@@ -430,8 +430,8 @@ class RemoteSegments:
         consumer has already left (and eager eviction dropped), so resuming from the index
         would download that chunk again at every chunk boundary.
 
-        `following` gives the segment after `seg`: when a session's read comes within
-        `cloud_storage_chunk_prefetch` chunks of `seg`'s end, that segment's first chunk is read
+        `following` gives the segment after `seg`: when a session's read comes within its
+        read-ahead window (`cache.readahead`) of `seg`'s end, that segment's first chunk is read
         ahead (on a thread of its own, it downloads the segment's index first), so a consumer
         crossing the boundary does not wait.
 
@@ -463,7 +463,7 @@ class RemoteSegments:
             out.adopt(f.file for f in files.files)
         if span.begin is not None and session:
             self._resume.put((reader, rs.key), (span.next_offset, span.end))
-            starts, ahead = rs.handle.chunk_starts, self.cache.settings.chunk_prefetch
+            starts, ahead = rs.handle.chunk_starts, self.cache.read_ahead_window(reader)
             if following is not None and ahead > 0 and (
                     span.end >= starts[max(0, len(starts) - ahead)]):
                 self._read_ahead_next(m, following, reader, rs.key)
@@ -500,7 +500,7 @@ class RemoteSegments:
     def _read_ahead_next(self, m: PartitionManifest,
                          following: Callable[[], SegmentMeta | None],
                          reader: ReaderId | None, current: str) -> None:
-        if reader is None or self.cache.settings.chunk_prefetch <= 0:
+        if reader is None or not self.cache.read_ahead.enabled:
             return
         nxt = following()
         if nxt is None or self._ahead.get((reader, current)) is not None:

@@ -23,6 +23,7 @@ from cache.disk_health import DiskHealth
 from cache.eviction import ChunkId
 from cache.mapped import MappedFile
 from cache.read_sessions import ReaderTable
+from cache.readahead import ReadAheadPolicy
 
 __all__ = ["CacheState"]
 
@@ -38,9 +39,12 @@ class CacheState:
     says they take it."""
 
     def __init__(self, root: Path, settings: CacheSettings, *, clock: Callable[[], float],
-                 write: disk.Writer) -> None:
+                 write: disk.Writer, read_ahead: ReadAheadPolicy | None = None) -> None:
         self.root = root
         self.settings = settings
+        #: how far ahead of its readers the cache reads (`cache.readahead`)
+        self.read_ahead = read_ahead if read_ahead is not None else ReadAheadPolicy(
+            settings.chunk_prefetch, max(1, settings.chunk_prefetch or 1))
         self.clock = clock
         #: the `os.write` used for chunk files (tests inject a full disk)
         self.write = write

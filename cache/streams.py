@@ -1,11 +1,12 @@
 """Read-ahead: one streamed request per segment a consumer reads, its chunks stored as they come.
 
-Read-ahead (`cloud_storage_chunk_prefetch` > 0): given a `stream` function, a consumer session
-that misses a chunk, or reads sequentially towards chunks not cached, gets one streamed request
-from that chunk to the segment's end; its thread stores chunk after chunk as the bytes arrive,
-never more than `chunk_prefetch` chunks ahead of where the reader is (it stops reading the
-socket and waits), so a consumer that keeps up waits on no request after its first, and a
-segment read start to end costs one GET instead of one per chunk. Each chunk is verified a run
+Read-ahead (on unless `cloud_storage_chunk_prefetch` is 0): given a `stream` function, a
+consumer session that misses a chunk, or reads sequentially towards chunks not cached, gets one
+streamed request from that chunk to the segment's end; its thread stores chunk after chunk as
+the bytes arrive, never more than the reader's read-ahead window (`cache.readahead`) ahead of
+where it is (it stops reading the socket and waits), so a consumer that keeps up waits on no
+request after its first, and a segment read start to end costs one GET instead of one per
+chunk. Each chunk is verified a run
 of whole batches at a time as it arrives (`cache.staging`), and a reader that catches up with
 its stream is served the verified start of the chunk (`open_chunk`) instead of waiting for all
 of it. The stream ends when the reader goes away, moves elsewhere, idles, or the next chunk is
@@ -148,7 +149,7 @@ class Streams:
                 at = state.readers.position(reader)
                 if (stream is None or stream.cancelled or not stream.next_index <= index
                         or at is None or not at[2]
-                        or index > at[1] + state.settings.chunk_prefetch):
+                        or index > at[1] + state.readers.window(reader)):
                     return
                 if stream.after is not None and not stream.due:
                     stream.due = True  # it waits for the segment before: the reader is here
@@ -406,7 +407,7 @@ class Streams:
 
     def _next_streamed(self, seg: SegmentInfo, index: int, reader: ReaderId,
                        stream: _Stream) -> CacheEntry | None:
-        """Wait until `reader` reads sequentially within `chunk_prefetch` chunks of chunk
+        """Wait until `reader` reads sequentially within its window (chunks) of chunk
         `index`, then pin and reserve it for the stream; None when the stream should end."""
         state = self.state
         chunk = seg.chunk_ids[index]
@@ -430,7 +431,7 @@ class Streams:
                         break
                 elif at is not None and at[0] != seg.key:
                     return None  # the reader moved to another segment
-                elif at is not None and at[2] and index <= at[1] + state.settings.chunk_prefetch:
+                elif at is not None and at[2] and index <= at[1] + state.readers.window(reader):
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

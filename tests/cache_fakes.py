@@ -134,7 +134,7 @@ KEY = "ab12cd34/kafka/orders/0_7/0-1023-1.log"
 CHUNK = 8 * 1024
 
 
-def open_cache(tmp_path: Path, data: bytes, prefetch: int = 2, strategy: str = "eager",
+def open_cache(tmp_path: Path, data: bytes, prefetch: int | None = 2, strategy: str = "eager",
                write: Writer = os.write, memory: int = 1 << 20, size: int = 1 << 30,
                **kwargs: Any) -> tuple[ChunkCache, Fetcher, Streamer]:
     """A cache of `size` bytes over `data` at KEY with a streaming store (`kwargs` go to the

@@ -108,6 +108,7 @@ def test_kafka_read_benchmark_reads_everything_through_the_endpoint() -> None:
     report = run_benchmark("kafka_read.py", "--size-mb", "6", "--segment-mb", "2",
                            "--kafka-python-mb", "2", "--rounds", "1", timeout=240)
     assert report["benchmark"] == "kafka_read"
+    assert report["read_ahead"] == "adaptive"  # the default: no --prefetch given
     assert report["segments"] >= 3 and report["archived_bytes"] >= 6 * 1024 * 1024
     cold, warm = report["confluent_cold"], report["confluent_warm"]
     # the script compares every record with the log itself; here: all of them came, the first
@@ -115,6 +116,7 @@ def test_kafka_read_benchmark_reads_everything_through_the_endpoint() -> None:
     assert cold["messages"] == warm["messages"] >= report["archived_bytes"] // (16 * 4096)
     assert cold["store_bytes_downloaded"] == report["archived_bytes"]
     assert warm["store_bytes_downloaded"] == 0
+    assert cold["daemon_cpu_s_per_mb"] > 0
     for name in ("boto3", "confluent_cold", "confluent_warm", "kafka_python"):
         assert report[name]["mb_per_s"] > 0
     assert set(report["ratios"]) == {"confluent_cold", "confluent_warm", "kafka_python"}

@@ -33,7 +33,8 @@ class Inline(Executor):
 
 
 def settings(**overrides: Any) -> CacheSettings:
-    base: dict[str, Any] = {"size_bytes": 64 * CHUNK, "chunk_size": CHUNK}
+    # read-ahead off unless a test asks for it: these tests count the reads' own downloads
+    base: dict[str, Any] = {"size_bytes": 64 * CHUNK, "chunk_size": CHUNK, "chunk_prefetch": 0}
     base.update(overrides)
     return CacheSettings(**base)
 

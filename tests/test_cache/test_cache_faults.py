@@ -320,7 +320,8 @@ def test_a_release_between_a_read_and_its_holds_cannot_evict_the_readers_chunk(
     reader's hold is registered; the chunk the reader goes on in must survive it, or the
     reader's next read downloads it again (seen with 4 sessions on one segment)."""
     fetch = Fetcher({KEY: data})
-    cache = ChunkCache(tmp_path, CacheSettings(size_bytes=64 * CHUNK, chunk_size=CHUNK), fetch,
+    cache = ChunkCache(tmp_path, CacheSettings(size_bytes=64 * CHUNK, chunk_size=CHUNK,
+                                               chunk_prefetch=0), fetch,
                        disk_capacity=1 << 40, strategy="eager")
     seg = cache.open_segment(KEY, len(data), layout(data, CHUNK), verifier(KEY))
     after_read = cache._reads.after_read

@@ -438,3 +438,56 @@ def test_an_early_request_nobody_takes_is_closed(tmp_path: Path, data: bytes,
         wait_until(lambda: len(stream.opened) == 2, "the second early request")
     assert stream.opened[1].closed
     assert fetch.calls == []
+
+
+def test_an_adaptive_window_grows_as_a_sequential_reader_moves_on(tmp_path: Path,
+                                                                 data: bytes) -> None:
+    """`cloud_storage_chunk_prefetch` not set: one chunk ahead once the reader reads
+    sequentially, then twice as many at each chunk it moves on to; still one request."""
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=None, strategy="lru")
+    with cache:
+        starts = layout(data, CHUNK)
+        assert len(starts) > 12
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+
+        def stored(n: int) -> None:
+            wait_until(lambda: cache.stats()["hydrated_chunks"] == n, f"{n} chunks stored")
+            assert stream.opened[0].pos == starts[n]  # parked: the window ends there
+
+        seg.read(0, 100, reader="c")  # a first read: nothing known, nothing ahead
+        stored(1)
+        assert cache.read_ahead_window("c") == 0
+        seg.read(100, 200, reader="c")  # sequential: one chunk ahead
+        stored(2)
+        seg.read(200, 300, reader="c")  # still chunk 0: the window stays
+        assert cache.read_ahead_window("c") == 1
+        for index, window in ((1, 2), (2, 4), (3, 8)):
+            seg.read(starts[index], starts[index] + 100, reader="c")
+            assert cache.read_ahead_window("c") == window
+            stored(index + window + 1)
+        assert fetch.calls == [] and len(stream.opened) == 1
+        cache.close_reader("c")
+
+
+def test_a_random_reader_gets_no_read_ahead(tmp_path: Path, data: bytes) -> None:
+    """Jumps within a segment: every read downloads its own chunk and nothing more, and no
+    stream runs ahead of the reader."""
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=None, strategy="lru")
+    with cache:
+        starts = layout(data, CHUNK)
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        jumps = [5, 1, 9, 3, 12, 7]
+        for index in jumps:
+            begin = starts[index] + 10
+            assert seg.read(begin, begin + 100, reader="r") == data[begin:begin + 100]
+            assert cache.read_ahead_window("r") == 0
+        wait_until(lambda: cache.stats()["hydrated_chunks"] == len(jumps), "the reads' chunks")
+        size = {i: (starts[i + 1] if i + 1 < len(starts) else len(data)) - starts[i]
+                for i in jumps}
+        assert cache.stats()["bytes_downloaded"] == sum(size.values())
+        # the first read (a reader nothing is known of) may open a stream; it stays at the
+        # chunk after that read's, and every later read is one ranged GET of its own chunk
+        assert len(stream.opened) <= 1
+        assert all(s.pos <= starts[jumps[0] + 1] for s in stream.opened)
+        assert sorted(c[1] for c in fetch.calls) == sorted(starts[i] for i in jumps[1:])
+        assert cache.stats()["prefetches"] == 0

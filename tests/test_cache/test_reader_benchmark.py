@@ -47,11 +47,15 @@ def test_remote_read_benchmark_reports_every_contender() -> None:
     assert set(report["warm"]) == {"tiered_cache", "tiered_local_log", "local_file_pread"}
     seq = report["sequential"]
     assert seq["no_readahead"]["bytes"] == seq["readahead"]["bytes"] == size
+    assert seq["adaptive_readahead"]["bytes"] == size
     # every chunk downloaded once by a sequential consumer, with or without read-ahead
-    assert seq["no_readahead"]["segment_bytes_downloaded"] == size
-    assert seq["readahead"]["segment_bytes_downloaded"] == size
+    for name in ("no_readahead", "readahead", "adaptive_readahead"):
+        assert seq[name]["segment_bytes_downloaded"] == size, name
     assert seq["readahead"]["prefetches"] > 0
-    assert set(report["ratios"]) >= {"whole_segment_bytes_over_chunks", "readahead_speedup"}
+    assert seq["adaptive_readahead"]["prefetches"] > 0  # the default reads ahead
+    assert seq["adaptive_readahead"]["prefetch_chunks"] is None
+    assert set(report["ratios"]) >= {"whole_segment_bytes_over_chunks", "readahead_speedup",
+                                     "adaptive_readahead_speedup"}
 
 
 @pytest.mark.timeout(300)
@@ -76,6 +80,9 @@ def test_remote_read_http_benchmark_reports_every_figure() -> None:
         assert report["sequential"][f"naive_proxy_{staging}_ratio"] > 0, staging
     assert report["sequential_catch_up"]["segments"] == 3
     assert report["concurrent"]["consumers"] == 8
+    assert report["concurrent"]["daemon_cpu_s_per_mb"] > 0  # where the time goes
+    assert report["concurrent"]["store_gets"] > 0
+    assert report["sequential"]["protocol_ceiling_mb_per_s"] > 0  # its bytes were compared
     assert report["active_segment"]["big_active_bytes"] == 4 * 1024 * 1024
 
 

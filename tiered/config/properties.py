@@ -276,8 +276,11 @@ CLUSTER: tuple[Property, ...] = (
        "chunks than this may have every chunk hydrated.", min=0),
     _c("cloud_storage_disable_chunk_reads", "bool", False, "Download whole segments instead "
        "of chunks."),
-    _c("cloud_storage_chunk_prefetch", "int", 0, "Chunks to download ahead of a sequential "
-       f"reader. {_PICKED} 0 (no prefetch), Redpanda's default.", min=0),
+    _c("cloud_storage_chunk_prefetch", "int", None, "Chunks to download ahead of a "
+       "sequential reader. Not set (default): adaptive, per reader: one chunk once it reads "
+       "sequentially, doubling at each chunk it moves on to, up to 8 (fewer when 8 chunks are "
+       "more than 1/8 of the cache), none again after a jump. N: always N chunks. "
+       "0: no read-ahead (Redpanda's default).", min=0),
     # retention
     _c("log_retention_ms", "ms", 7 * DAY_MS, "Cluster default of retention.ms: how long "
        "data is kept (in object storage, with tiering). -1: forever.", unlimited=True,

@@ -57,6 +57,7 @@ from cache.manifest_view import (
 )
 from cache.segment_reads import (
     LocalSegments,
+    Lru,
     RemoteSegments,
     Span,
     local_offset_for_timestamp,
@@ -220,6 +221,9 @@ class Reader:
             self.manifests, clock=clock, ttl_s=metadata_ttl_s, refresh_after_s=refresh_after_s,
             stale_head_s=config.cluster_seconds("cloud_storage_gc_grace_period_ms"))
         self._stats = ReaderStats()
+        #: (topic, partition) -> where the last fetch without a session ended: a fetch that
+        #: starts there reads on as one session (`_anonymous_session`)
+        self._anonymous_next: Lru[tuple[str, int], int] = Lru(4096)
         self._lock = threading.Lock()
         self._owned: list[Any] = []
 
@@ -296,25 +300,31 @@ class Reader:
         for name, value in (("offset", offset), ("max_bytes", max_bytes)):
             if type(value) is not int or value < 0:
                 raise InvalidRequest(f"{name} must be a non-negative integer, got {value!r}")
-        # an anonymous fetch still reads as one reader, so the cache holds its current chunk
+        session = reader_id
+        if session is None and self._anonymous_next.get((topic, partition)) == offset:
+            session = _anonymous_session(topic, partition)
+        # a one-off fetch still reads as one reader, so the cache holds its current chunk
         # between the reads of one fetch, and lets go of everything at the end
-        token: Hashable = reader_id if reader_id is not None else object()
+        token: Hashable = session if session is not None else object()
         try:
             try:
-                return self._fetch_once(topic, partition, offset, max_bytes, token,
-                                        reader_id is not None, max_files)
+                got = self._fetch_once(topic, partition, offset, max_bytes, token,
+                                       session is not None, max_files)
             except _LocalVanished:
                 # retention deleted a segment under us: retry on a new snapshot
                 self.local_view.rescan()
-            try:
-                return self._fetch_once(topic, partition, offset, max_bytes, token,
-                                        reader_id is not None, max_files)
-            except _LocalVanished as err:
-                raise TieredError(f"{topic}-{partition}: local segments keep disappearing while "
-                                  f"being read ({err}); try again") from None
+                try:
+                    got = self._fetch_once(topic, partition, offset, max_bytes, token,
+                                           session is not None, max_files)
+                except _LocalVanished as err:
+                    raise TieredError(f"{topic}-{partition}: local segments keep disappearing "
+                                      f"while being read ({err}); try again") from None
         finally:
-            if reader_id is None:
+            if session is None:
                 self.cache.close_reader(token)
+        if reader_id is None:
+            self._anonymous_next.put((topic, partition), got.next_offset)
+        return got
 
     def close_reader(self, reader_id: Hashable) -> None:
         """Forget a consumer session named in `fetch`: its cache holds end."""
@@ -581,6 +591,13 @@ class Reader:
         if lo is None or hi is None or hi <= lo:
             return "none: the log is empty" if hi is not None else "unknown"
         return f"{lo}..{hi - 1}"
+
+
+def _anonymous_session(topic: str, partition: int) -> Hashable:
+    """The session of fetches without one that each start where the previous one of the
+    partition ended: a consumer reading on (docs/remote-read.md, "The read-ahead window"),
+    which the cache reads ahead for like a named session; it expires when idle."""
+    return ("anonymous", topic, partition)
 
 
 def _check_request(topic: object, partition: object) -> None:

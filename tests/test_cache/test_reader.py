@@ -881,3 +881,35 @@ def test_a_fetch_holds_at_most_max_files_chunk_files(remote_only: Fixture) -> No
         # one file at least, whatever is asked: a consumer always makes progress
         with reader.fetch_pieces(TOPIC, 0, 0, 10**9, max_files=0) as one:
             assert one.pieces.files == 1 and one.result().data
+
+
+def test_fetches_without_a_session_that_read_on_get_read_ahead(
+    tmp_path: Path, file_store: ObjectStore
+) -> None:
+    """A client that names no session but starts each fetch where the last one of the
+    partition ended reads as one session, so the adaptive read-ahead opens for it; fetches
+    that jump about do not."""
+    config = make_config(tmp_path, cluster={"cloud_storage_cache_chunk_size": 4096})
+    end = write_log(config, batches=600, segment_bytes=1 << 20)  # one segment of many chunks
+    image = LogImage.of(partition_dir(config))
+    archive(config, file_store)
+    drop_local_segments(config)
+    session = ("anonymous", TOPIC, 0)
+
+    def reader() -> Reader:
+        return Reader(config, file_store, local_log=LocalLog(config.log_dirs),
+                      metadata_ttl_s=60.0)
+
+    with reader() as r:
+        offset, windows = 0, []
+        while offset < end:
+            got = r.fetch(TOPIC, 0, offset, 3000)
+            assert got.data == image.expected(offset, 3000)
+            offset = got.next_offset
+            windows.append(r.cache.read_ahead_window(session))
+        assert max(windows) >= 2, windows  # it grew as the reads went on
+    with reader() as r:
+        for offset in (end // 2, 3, end - 5, end // 3):
+            assert r.fetch(TOPIC, 0, offset, 3000).data == image.expected(offset, 3000)
+        assert r.cache.read_ahead_window(session) == 0
+        assert r.cache.stats()["prefetches"] == 0

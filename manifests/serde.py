@@ -58,25 +58,31 @@ _HEAD_FIELDS = (
     "archives",
 )
 _ARCHIVE_FIELDS = ("version", "kind", "topic", "partition", "revision", "term", "level")
-_SEGMENT_COLUMNS = (
-    "last_offset_from_base",
-    "base_timestamp_delta",
-    "max_timestamp_from_base",
-    "size_bytes",
-    "segment_term_delta",
-    "writer_term_delta",
-    "crc32c",
-    "compacted",
+#: the stored columns of a table beyond its offsets and timestamps, as (stored name, the
+#: model's column in `FIELDS`, stored as differences from the previous row?); the model
+#: declares its columns once (`SegmentTable.FIELDS`, `ArchiveTable.FIELDS`) and this says how
+#: each is written, in the model's order (checked below)
+_Column = tuple[str, str, bool]
+_SEGMENT_EXTRA: tuple[_Column, ...] = (
+    ("size_bytes", "size_bytes", False),
+    ("segment_term_delta", "segment_term", True),
+    ("writer_term_delta", "writer_term", True),
+    ("crc32c", "checksum", False),
+    ("compacted", "compacted", False),
 )
-_ARCHIVE_COLUMNS = (
-    "last_offset_from_base",
-    "base_timestamp_delta",
-    "max_timestamp_from_base",
-    "size_bytes",
-    "segment_count",
-    "crc32c",
-    "level",
+_ARCHIVE_EXTRA: tuple[_Column, ...] = (
+    ("size_bytes", "size_bytes", False),
+    ("segment_count", "segment_count", False),
+    ("crc32c", "checksum", False),
+    ("level", "level", False),
 )
+for _table, _extra in ((SegmentTable, _SEGMENT_EXTRA), (ArchiveTable, _ARCHIVE_EXTRA)):
+    if tuple(model for _, model, _ in _extra) != _table.FIELDS[4:]:
+        raise AssertionError(f"{_table.__name__}.FIELDS and its stored columns disagree")
+#: the offsets and timestamps, stored relative to the row's base and the previous row
+_SPAN_COLUMNS = ("last_offset_from_base", "base_timestamp_delta", "max_timestamp_from_base")
+_SEGMENT_COLUMNS = (*_SPAN_COLUMNS, *(stored for stored, _, _ in _SEGMENT_EXTRA))
+_ARCHIVE_COLUMNS = (*_SPAN_COLUMNS, *(stored for stored, _, _ in _ARCHIVE_EXTRA))
 
 
 class _Bad(Exception):
@@ -95,33 +101,18 @@ def _delta(col: array[int]) -> list[int]:
 # -- encoding ----------------------------------------------------------------------------------
 
 
-def _segment_columns(t: SegmentTable) -> dict[str, list[int]]:
+def _columns(t: SegmentTable | ArchiveTable, extra: tuple[_Column, ...]) -> dict[str, list[int]]:
     base, last = t.base_offsets, t.last_offsets
     ts0, ts1 = t.column("base_timestamp"), t.column("max_timestamp")
-    return {
+    out = {
         "last_offset_from_base": list(map(sub, last, base)),
         "base_timestamp_delta": _delta(ts0),
         "max_timestamp_from_base": list(map(sub, ts1, ts0)),
-        "size_bytes": t.column("size_bytes").tolist(),
-        "segment_term_delta": _delta(t.column("segment_term")),
-        "writer_term_delta": _delta(t.column("writer_term")),
-        "crc32c": t.column("checksum").tolist(),
-        "compacted": t.column("compacted").tolist(),
     }
-
-
-def _archive_columns(t: ArchiveTable) -> dict[str, list[int]]:
-    base, last = t.base_offsets, t.last_offsets
-    ts0, ts1 = t.column("base_timestamp"), t.column("max_timestamp")
-    return {
-        "last_offset_from_base": list(map(sub, last, base)),
-        "base_timestamp_delta": _delta(ts0),
-        "max_timestamp_from_base": list(map(sub, ts1, ts0)),
-        "size_bytes": t.column("size_bytes").tolist(),
-        "segment_count": t.column("segment_count").tolist(),
-        "crc32c": t.column("checksum").tolist(),
-        "level": t.column("level").tolist(),
-    }
+    for stored, model, delta in extra:
+        column = t.column(model)
+        out[stored] = _delta(column) if delta else column.tolist()
+    return out
 
 
 def _encode_segments(t: SegmentTable, *, contiguous: bool = True) -> dict[str, Any]:
@@ -130,14 +121,14 @@ def _encode_segments(t: SegmentTable, *, contiguous: bool = True) -> dict[str, A
         out["base_offset"] = t.first_base() if t else 0
     else:
         out["base_offsets"] = t.base_offsets.tolist()
-    out.update(_segment_columns(t))
+    out.update(_columns(t, _SEGMENT_EXTRA))
     out["names"] = {str(i): name for i, name in enumerate(t.extra) if name}
     return out
 
 
 def _encode_archives(t: ArchiveTable) -> dict[str, Any]:
     out: dict[str, Any] = {"count": len(t), "base_offset": t.first_base() if t else 0}
-    out.update(_archive_columns(t))
+    out.update(_columns(t, _ARCHIVE_EXTRA))
     return out
 
 
@@ -205,7 +196,7 @@ def _row_costs(columns: dict[str, list[int]], n: int) -> list[int]:
 def segment_row_costs(t: SegmentTable) -> list[int]:
     """Bytes each row adds to the JSON of a contiguous segment table, exact for all rows but
     the first (whose deltas are taken from 0); the spill planner uses these to size archives."""
-    costs = _row_costs(_segment_columns(t), len(t))
+    costs = _row_costs(_columns(t, _SEGMENT_EXTRA), len(t))
     for i, name in enumerate(t.extra):
         if name:
             costs[i] += len(json.dumps(str(i))) + len(json.dumps(name)) + 2
@@ -214,7 +205,7 @@ def segment_row_costs(t: SegmentTable) -> list[int]:
 
 def archive_row_costs(t: ArchiveTable) -> list[int]:
     """Bytes each row adds to the JSON of an archive table (see `segment_row_costs`)."""
-    return _row_costs(_archive_columns(t), len(t))
+    return _row_costs(_columns(t, _ARCHIVE_EXTRA), len(t))
 
 
 # -- decoding ----------------------------------------------------------------------------------
@@ -342,17 +333,7 @@ def _decode_segments(obj: Any, path: str, *, contiguous: bool = True) -> Segment
     n = _int(obj, "count", path)
     base, last = _offsets(obj, path, n, contiguous)
     ts0, ts1 = _timestamps(obj, path, n)
-    cols = [
-        base,
-        last,
-        ts0,
-        ts1,
-        _col(_ints(obj, "size_bytes", path, n), path + "size_bytes"),
-        _col(accumulate(_ints(obj, "segment_term_delta", path, n)), path + "segment_term"),
-        _col(accumulate(_ints(obj, "writer_term_delta", path, n)), path + "writer_term"),
-        _col(_ints(obj, "crc32c", path, n), path + "crc32c"),
-        _col(_ints(obj, "compacted", path, n), path + "compacted"),
-    ]
+    cols = [base, last, ts0, ts1, *_decode_extra(obj, path, n, _SEGMENT_EXTRA)]
     names_obj = obj.get("names")
     if not isinstance(names_obj, dict):
         raise _Bad(f"{path}names must be an object")
@@ -365,15 +346,23 @@ def _decode_segments(obj: Any, path: str, *, contiguous: bool = True) -> Segment
     return SegmentTable(cols, names)
 
 
+def _decode_extra(obj: dict[str, Any], path: str, n: int, extra: tuple[_Column, ...]
+                  ) -> list[array[int]]:
+    """The columns past the offsets and timestamps, in the model's order."""
+    out = []
+    for stored, model, delta in extra:
+        values = _ints(obj, stored, path, n)
+        out.append(_col(accumulate(values) if delta else values,
+                        path + (model if delta else stored)))
+    return out
+
+
 def _decode_archives(obj: Any, path: str) -> ArchiveTable:
     obj = _check_fields(obj, path.rstrip("."), {"count", "base_offset", *_ARCHIVE_COLUMNS})
     n = _int(obj, "count", path)
     base, last = _offsets(obj, path, n, True)
     ts0, ts1 = _timestamps(obj, path, n)
-    cols = [base, last, ts0, ts1] + [
-        _col(_ints(obj, name, path, n), path + name)
-        for name in ("size_bytes", "segment_count", "crc32c", "level")
-    ]
+    cols = [base, last, ts0, ts1, *_decode_extra(obj, path, n, _ARCHIVE_EXTRA)]
     return ArchiveTable(cols)
 
 

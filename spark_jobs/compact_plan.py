@@ -143,6 +143,7 @@ def group_outputs(cleaned: Sequence[Cleaned], target_bytes: int) -> list[Group]:
     groups the first made and uploads nothing."""
     groups: list[Group] = []
     run: list[Cleaned] = []
+    run_bytes = 0
 
     def close() -> None:
         if not run:
@@ -151,7 +152,7 @@ def group_outputs(cleaned: Sequence[Cleaned], target_bytes: int) -> list[Group]:
         if needed:
             groups.append(Group(run[0].row, run[-1].row, run[0].base_offset,
                                 run[-1].last_offset, run[0].segment_term,
-                                sum(c.size for c in run)))
+                                run_bytes))
         run.clear()
 
     for c in sorted(cleaned, key=lambda c: c.row):
@@ -159,10 +160,12 @@ def group_outputs(cleaned: Sequence[Cleaned], target_bytes: int) -> list[Group]:
             c.row != run[-1].row + 1
             or c.base_offset != run[-1].last_offset + 1
             or c.segment_term != run[0].segment_term
-            or sum(r.size for r in run) + c.size > target_bytes
+            or run_bytes + c.size > target_bytes
             or c.last_offset - run[0].base_offset > MAX_OFFSET_SPAN
         ):
             close()
+            run_bytes = 0
         run.append(c)
+        run_bytes += c.size
     close()
     return groups

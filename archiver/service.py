@@ -716,7 +716,8 @@ class Archiver:
         return [
             storage_row(s.log, snaps.get(s.tp), by_tp.get((s.tp.topic, s.tp.partition)),
                         s.cursor.manifest if s.cursor.loaded else None, errors.get(s.tp),
-                        uploader=self._uploader(s))
+                        uploader=self._uploader(s), compacted="compact" in self.config
+                        .topic_config(s.tp.topic).cleanup_policy.split(","))
             for s in states
         ]
 

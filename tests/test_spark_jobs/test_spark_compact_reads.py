@@ -25,8 +25,11 @@ from support.daemons import running
 from support.kafka_endpoint import Rec, bootstrap, kafka_config
 from support.remote import archive
 
+from archiver.service import Archiver
+from archiver.space import DiskInfo
 from spark_jobs.common import JobContext
 from spark_jobs.compact import run_compact
+from tiered.app.describe import render_rows
 from tiered.cli.main import cli
 from tiered.config import parse_config
 from tiered.kafka.checkpoints import TopicPartition
@@ -71,6 +74,17 @@ def _write(log_dir: Path, rng: random.Random) -> list[Rec]:
     return out
 
 
+def _describe(config: Any, store: Any) -> dict[str, Any]:
+    """The describe-storage row of the compacted partition, from the real archiver."""
+    archiver = Archiver(config, store, clock=lambda: T0 / 1000,
+                        disk_usage=lambda _p: DiskInfo(2**40, 2**39))
+    try:
+        (row,) = [r for r in archiver.describe() if r["topic"] == TOPIC]
+    finally:
+        archiver.close()
+    return row
+
+
 def _survivors(written: list[Rec]) -> list[Rec]:
     latest = {r.key: r.offset for r in written if r.key is not None}
     return [r for r in written if r.key is None or latest[r.key] == r.offset]
@@ -98,9 +112,15 @@ def compacted(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory, spar
     }, source="test", base_dir=base)
     with open_store(config.store_settings()) as store:
         archive(config, store)
+        dirty = _describe(config, store)
+    assert dirty["remote"]["dirty_ratio"] == 1.0, "uploaded segments are all dirty"
     with JobContext.from_config(config) as ctx:
         summary = run_compact(ctx, clock=lambda: NOW / 1000)
     assert summary["ok"], summary["errors"]
+    with open_store(config.store_settings()) as store:
+        clean = _describe(config, store)
+    assert clean["remote"]["dirty_ratio"] == 0.0
+    assert "0%" in render_rows([clean])[1] and "100%" in render_rows([dirty])[1]
     assert summary["records_dropped"] > 0 and summary["objects_written"] > 0
     survivors = _survivors(written)
     return Compacted(base, storage, written, survivors, written[-1].offset + 1)

@@ -100,16 +100,18 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if not rows:
         return ["no partitions found"]
     table = [_cells(r) for r in rows]
-    widths = {c: max(len(c), *(len(t[c]) for t in table)) for c in COLUMNS}
+    # DIRTY only where a compacted topic is listed: other deployments see the table unchanged
+    columns = [c for c in COLUMNS if c != "DIRTY" or any(t[c] != "-" for t in table)]
+    widths = {c: max(len(c), *(len(t[c]) for t in table)) for c in columns}
 
     def line(cells: Mapping[str, str]) -> str:
         parts = [cells[c].rjust(widths[c]) if c in _RIGHT else cells[c].ljust(widths[c])
-                 for c in COLUMNS]
+                 for c in columns]
         return "  ".join(parts).rstrip()
 
     errors = [f"{_name(r)}: cannot read the manifest: {_section(r, 'remote')['error']}"
               for r in rows if _section(r, "remote").get("error")]
-    return [line({c: c for c in COLUMNS}), *(line(t) for t in table), *errors]
+    return [line({c: c for c in columns}), *(line(t) for t in table), *errors]
 
 
 def summary_line(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -351,7 +351,8 @@ class Archiver:
             out = archive_partition(
                 state.target(), self.mstore, state.cursor, snapshot, self.upload_params,
                 self._now_ms(), submit=submit, gate=self._gate,
-                index_interval_bytes=tc.index_interval_bytes)
+                index_interval_bytes=tc.index_interval_bytes,
+                compacted="compact" in tc.cleanup_policy.split(","))
             if out.fenced:
                 state.fenced_by = self._fencing_term(state)
                 self.ownership.lost(state.pid)

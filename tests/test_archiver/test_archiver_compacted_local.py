@@ -17,6 +17,16 @@ from support.remote import TOPIC, archive
 
 from archiver.service import Archiver
 from archiver.space import DiskInfo
+from archiver.upload_policy import (
+    ArchivalState,
+    Gap,
+    LocalSegment,
+    LogSnapshot,
+    UploadDecision,
+    UploadKind,
+    UploadParams,
+    plan_uploads,
+)
 from manifests import ManifestSettings, ManifestStore, PartitionManifest
 from manifests.topic import iter_topic_manifest_keys
 from tiered.config import Config
@@ -174,3 +184,20 @@ def test_a_delete_topic_with_the_same_holes_reports_the_gap(tmp_path: Path) -> N
     outcome = _round(config, store)
     assert outcome.startswith("corrupt_segment") and "no batch starts" in outcome
     assert _head(mstore, store).last_offset == cut, "nothing skipped over the hole"
+
+
+def test_the_policy_continues_across_holes_only_when_told() -> None:
+    """Pure: a segment starting past the manifest's next offset is a gap, unless the holes are
+    compaction's; then it goes up whole with its range widened down to the manifest's end."""
+    log = LogSnapshot((LocalSegment(0, 99, 1000, 1), LocalSegment(150, 199, 500, 2)), None, 200)
+    params = UploadParams()
+    gap = plan_uploads(log, ArchivalState(120, 0), params, 0)
+    assert gap.decision is UploadDecision.GAP and gap.gap == Gap(121, 150)
+    plan = plan_uploads(log, ArchivalState(120, 0, compaction_holes=True), params, 0)
+    (cand,) = plan.candidates
+    assert (cand.kind, cand.begin_inclusive, cand.last_offset, cand.byte_begin_inclusive) == (
+        UploadKind.SEGMENT, 121, 199, 0)
+    assert cand.holes
+    straddle = plan_uploads(log, ArchivalState(50, 0, compaction_holes=True), params, 0)
+    assert [(c.kind, c.begin_inclusive) for c in straddle.candidates] == [
+        (UploadKind.SEGMENT_SUFFIX, 51), (UploadKind.SEGMENT, 100)]

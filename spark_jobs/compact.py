@@ -491,3 +491,45 @@ def _summary(
         "skipped": skipped,
         "errors": list(dict.fromkeys(errors)),
     }
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+#: gauge name -> (summary field, help): one run's figures for Prometheus' textfile collector
+RUN_METRICS: dict[str, tuple[str, str]] = {
+    "tiered_compaction_last_run_timestamp_seconds": ("", "when the last compaction run ended"),
+    "tiered_compaction_last_run_success": ("ok", "1 when the last run compacted everything due"),
+    "tiered_compaction_last_run_duration_seconds": ("elapsed_s", "wall time of the last run"),
+    "tiered_compaction_last_run_bytes_read": ("bytes_read", "segment bytes the run read"),
+    "tiered_compaction_last_run_bytes_uploaded": ("bytes_uploaded",
+                                                  "compacted objects and indexes uploaded"),
+    "tiered_compaction_last_run_bytes_freed": ("", "head bytes before minus after"),
+    "tiered_compaction_last_run_records_dropped": ("records_dropped",
+                                                   "superseded records removed"),
+    "tiered_compaction_last_run_tombstones_dropped": ("tombstones_dropped",
+                                                      "tombstones removed past their horizon"),
+    "tiered_compaction_last_run_partitions_compacted": ("partitions_compacted",
+                                                        "partitions whose head changed"),
+    "tiered_compaction_last_run_partitions_skipped": ("", "partitions not compacted, any reason"),
+    "tiered_compaction_last_run_commit_conflicts": ("commit_conflicts",
+                                                    "compare-and-swap races lost and re-applied"),
+}
+
+
+def write_metrics(summary: dict[str, Any], path: str, *, now: float | None = None) -> None:
+    """The run's figures as Prometheus gauges in `path` (text format, written atomically),
+    for node_exporter's textfile collector: a batch job has no endpoint to scrape
+    (docs/metrics.md)."""
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    registry = CollectorRegistry()
+    derived = {
+        "tiered_compaction_last_run_timestamp_seconds": time.time() if now is None else now,
+        "tiered_compaction_last_run_bytes_freed": summary.get("before", {}).get("bytes", 0)
+        - summary.get("after", {}).get("bytes", 0),
+        "tiered_compaction_last_run_partitions_skipped": len(summary.get("skipped", ())),
+    }
+    for name, (field_name, doc) in RUN_METRICS.items():
+        value = derived[name] if not field_name else summary.get(field_name, 0)
+        Gauge(name, doc, registry=registry).set(float(value))
+    write_to_textfile(path, registry)

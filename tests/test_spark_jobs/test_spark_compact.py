@@ -9,10 +9,13 @@ generation-named object committed by compare-and-swap (4, 6); replaced objects s
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from kafka.record.default_records import DefaultRecordBatch
 from support.spark import REVISION, TOPIC, read_back, upload_segments
 
@@ -20,6 +23,7 @@ from manifests import ManifestSettings, ManifestStore, keys
 from manifests.topic import TopicManifest, save_topic_manifest
 from spark_jobs.common import JobContext, PartitionRef
 from spark_jobs.compact import run_compact
+from tiered.cli.main import cli
 from tiered.config import parse_config
 from tiered.kafka.builder import encode_batch
 from tiered.kafka.records import DELETE_HORIZON_MASK, Record
@@ -248,3 +252,36 @@ def test_transactions_follow_kafka(file_store: ObjectStore, spark: Any, kind: st
     else:
         assert data == [(1, b"a", b"txn"), (3, b"b", b"x")]
     assert any(b.is_control_batch for b in parsed), "the marker stays this pass"
+
+
+def test_cli_json_progress_and_metrics_file(file_store: ObjectStore, spark: Any,
+                                            tmp_path: Path) -> None:
+    """`tiered compact --json`: the summary on stdout, progress on stderr, the run's gauges in
+    --metrics-file; `--partition` limits the run and a typo'd topic is exit 7."""
+    ctx = context(file_store)
+    log = make_log(random.Random(9), 0, 200)
+    seed(ctx, [log[i:i + 15] for i in range(0, len(log), 15)], partition=1)
+    config = tmp_path / "tiered.toml"
+    config.write_text(f'[storage]\nurl = "{file_store.settings.url}"\n[topics."{TOPIC}"]\n'
+                      '"cleanup.policy" = "compact"\n"min.cleanable.dirty.ratio" = 0.5\n')
+    metrics = tmp_path / "compact.prom"
+
+    result = CliRunner().invoke(cli, ["compact", "--config", str(config), "--topic", TOPIC,
+                                      "--partition", "1", "--json",
+                                      "--metrics-file", str(metrics)])
+
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["ok"] and summary["partitions_compacted"] == 1
+    assert [p["partition"] for p in summary["partitions"]] == [1]
+    assert summary["partitions"][0]["dirty_ratio"] == 1.0
+    assert "compact:" in result.stderr and "tasks" in result.stderr
+    text = metrics.read_text()
+    assert "tiered_compaction_last_run_success 1.0" in text
+    assert f"tiered_compaction_last_run_records_dropped {float(summary['records_dropped'])}" \
+        in text
+    human = CliRunner().invoke(cli, ["compact", "--config", str(config)])
+    assert human.exit_code == 0, human.output
+    assert "skipped" in human.stdout and "already compacted" in human.stdout
+    unknown = CliRunner().invoke(cli, ["compact", "--config", str(config), "--topic", "nope"])
+    assert unknown.exit_code == 7 and "unknown topic" in unknown.output

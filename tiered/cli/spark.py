@@ -144,10 +144,13 @@ def compact_lines(summary: dict[str, Any]) -> Iterable[str]:
 @master_option
 @click.option("--dry-run", is_flag=True,
               help="Read and clean, report what would change; upload and commit nothing.")
+@click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the run's figures as Prometheus gauges to this file (for "
+              "node_exporter's textfile collector).")
 @json_option
 def compact_command(
     config_path: Path, topic: str | None, partition: int | None, master: str | None,
-    dry_run: bool, as_json: bool,
+    dry_run: bool, metrics_file: Path | None, as_json: bool,
 ) -> None:
     """Compact the history of compacted topics in the bucket (Kafka's log cleaner), on Spark.
 
@@ -157,10 +160,16 @@ def compact_command(
     records younger than min.compaction.lag.ms are left alone. Replacements are committed by
     compare-and-swap and the old objects deleted by garbage collection after the grace
     period. Exits 1 if anything could not be compacted."""
-    from spark_jobs.compact import run_compact
+    from spark_jobs.compact import run_compact, write_metrics
 
     with _context(config_path, master, "tiered-compact") as ctx:
         summary = run_compact(ctx, topic=topic, partition=partition, dry_run=dry_run)
+    if metrics_file is not None:
+        try:
+            write_metrics(summary, str(metrics_file))
+        except OSError as exc:
+            raise click.ClickException(f"cannot write --metrics-file {metrics_file}: {exc}"
+                                       ) from None
     emit_summary(summary, as_json=as_json, human=compact_lines)
 
 

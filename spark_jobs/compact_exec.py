@@ -89,14 +89,20 @@ def scan_task(store: ObjectStore, task: SegTask) -> Iterator[tuple[Any, ...]]:
 
 
 def _tag(pidx: int, events: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+    """Tagged events; keys outside transactions are reduced to the segment's own latest
+    offset per key first (a map-side combine bounded by the segment: superseded records of a
+    segment never reach the shuffle)."""
+    latest: dict[bytes, int] = {}
     for ev in events:
         if isinstance(ev, KeyEvent):
             if ev.txn_batch is None:
-                yield (KEY, pidx, ev.hash, ev.offset)
+                latest[ev.hash] = ev.offset  # offset order: the last one seen is the latest
             else:
                 yield (TXN_KEY, pidx, ev.txn_batch[1], ev.hash, ev.offset)
         else:
             yield (PRODUCER, pidx, ev.producer_id, ev)
+    for digest, offset in latest.items():
+        yield (KEY, pidx, digest, offset)
 
 
 class CleanOut(NamedTuple):

@@ -137,7 +137,8 @@ def child(args: argparse.Namespace) -> None:
     (SparkSession.builder.master(args.master).appName("compact-bench")
      .config("spark.driver.memory", args.executor_memory)
      .config("spark.executor.memory", args.executor_memory)
-     .config("spark.ui.enabled", "false").getOrCreate())
+     .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+     .getOrCreate())
     ctx = JobContext.from_config(config)
     ctx.sc.parallelize(range(4), 2).map(lambda x: x).collect()  # workers up before the clock
     stop = threading.Event()

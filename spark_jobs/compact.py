@@ -64,7 +64,7 @@ from tiered.kafka.compaction import ABORTED, IN_DOUBT, transaction_flags
 from tiered.store import open_store
 
 if TYPE_CHECKING:
-    from pyspark import RDD
+    from pyspark import RDD, Accumulator
 
 log = logging.getLogger("tiered.spark.compact")
 
@@ -171,24 +171,30 @@ def _segment_of(bounds: dict[int, list[int]], pidx: int, offset: int) -> int:
 # -- the Spark pipeline ------------------------------------------------------------------------
 
 
-def _scan_partition(settings: Any, items: Iterable[SegTask]) -> Iterator[tuple[Any, ...]]:
+def _scan_partition(settings: Any, acc: Accumulator[int], items: Iterable[SegTask]
+                    ) -> Iterator[tuple[Any, ...]]:
     store = open_store(settings, probe=False)
     try:
         for task in items:
-            yield from scan_task(store, task)
+            for ev in scan_task(store, task):
+                if ev[0] == SCANNED:
+                    acc.add(ev[3])
+                yield ev
     finally:
         store.close()
 
 
 def _clean_partition(
-    settings: Any, now_ms: int, retention: dict[int, int | None],
+    settings: Any, now_ms: int, retention: dict[int, int | None], acc: Accumulator[int],
     items: Iterable[tuple[tuple[int, int], Any]],
 ) -> Iterator[tuple[tuple[int, int], CleanOut]]:
     store = open_store(settings, probe=False)
     try:
         for key, ((task, latest), flags) in items:
-            yield key, clean_task(store, task, latest or (), flags or (), now_ms=now_ms,
-                                  delete_retention_ms=retention[task.pidx])
+            out = clean_task(store, task, latest or (), flags or (), now_ms=now_ms,
+                             delete_retention_ms=retention[task.pidx])
+            acc.add(out.stats.get("bytes_in", 0))
+            yield key, out
     finally:
         store.close()
 
@@ -282,9 +288,11 @@ def _compact(
     slices = slices_for(len(tasks), sc.defaultParallelism)
     shuffle_parts = max(sc.defaultParallelism * 2, 2)
     group = f"tiered-compact-{time.monotonic_ns()}"
-    with Progress(sc, "compact", group=group, total_tasks=slices):
+    acc: Accumulator[int] = sc.accumulator(0)  # bytes read, both passes over the segments
+    # several stages: the task count is not known up front, the bytes are
+    with Progress(sc, "compact", group=group, total_tasks=0, bytes_done=lambda: int(acc.value)):
         events = sc.parallelize(tasks, slices).mapPartitions(
-            partial(_scan_partition, settings)).persist(StorageLevel.MEMORY_AND_DISK)
+            partial(_scan_partition, settings, acc)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             scanned = events.filter(lambda e: e[0] == SCANNED).collect()
             bytes_read = sum(e[3] for e in scanned)
@@ -293,7 +301,7 @@ def _compact(
                     by_pidx[pidx].errors.append(f"{by_pidx[pidx].part}: segment {index}: {error}")
             bad = {p for p, j in by_pidx.items() if j.errors}
             cleaned = _clean(events, tasks, bad, bounds, retention, settings, now_ms,
-                             shuffle_parts)
+                             shuffle_parts, acc)
         finally:
             events.unpersist()
     try:
@@ -323,6 +331,7 @@ def _compact(
 def _clean(
     events: RDD[Any], tasks: list[SegTask], bad: set[int], bounds: Any,
     retention: dict[int, int | None], settings: Any, now_ms: int, parts: int,
+    acc: Accumulator[int],
 ) -> RDD[Any]:
     """Stages 2 and 3: the key map by shuffle, the transaction verdicts, then every segment
     cleaned; the result (per (pidx, index): `CleanOut`) is persisted for grouping."""
@@ -358,7 +367,7 @@ def _clean(
         [((t.pidx, t.row), t) for t in tasks if t.pidx not in bad],
         max(1, min(len(tasks), parts)))
     joined = segs.leftOuterJoin(latest, parts).leftOuterJoin(seg_flags, parts)
-    cleaned = joined.mapPartitions(partial(_clean_partition, settings, now_ms, retention))
+    cleaned = joined.mapPartitions(partial(_clean_partition, settings, now_ms, retention, acc))
     cleaned.persist(StorageLevel.MEMORY_AND_DISK)
     cleaned.count()  # run stages 2 and 3 while the scan is still persisted
     flags.unpersist()

@@ -30,7 +30,9 @@ from typing import NamedTuple
 
 import crc32c
 
+from tiered.errors import CorruptSegmentError
 from tiered.kafka.builder import encode_batch
+from tiered.kafka.compression import codec_by_id
 from tiered.kafka.records import (
     _CRC,
     ATTRIBUTES_OFFSET,
@@ -45,8 +47,10 @@ from tiered.kafka.records import (
     BatchHeader,
     Record,
     RecordBatch,
-    iter_batches,
+    decode_batch,
+    iter_batch_headers,
 )
+from tiered.kafka.varint import decode_varint, decode_varlong
 
 #: where lastOffsetDelta sits in a batch: right after attributes (int16)
 _LAST_OFFSET_DELTA_AT = ATTRIBUTES_OFFSET + 2
@@ -246,6 +250,38 @@ LAST_OF_PRODUCER = 8  # the producer's last batch in the cleaned range: kept, em
 DATA, TXN_DATA, COMMIT, ABORT, OTHER_CONTROL = range(5)
 
 
+def record_keys(view: memoryview, h: BatchHeader, *, path: str | None = None
+                ) -> list[tuple[int, bytes | None, bool]]:
+    """(offset, key, value is null) of every record of the batch `h` heads in `view`: the
+    fields compaction decides by, without building records (the walk over a segment is the
+    job's hot loop). The batch's CRC was checked when `h` was read."""
+    try:
+        data = codec_by_id(h.attributes & COMPRESSION_MASK).decompress(
+            view[h.position + BATCH_HEADER.size:h.end_position])
+        out = []
+        pos = 0
+        for _ in range(h.records_count):
+            length, pos = decode_varint(data, pos)
+            end = pos + length
+            _ts, at = decode_varlong(data, pos + 1)
+            delta, at = decode_varint(data, at)
+            klen, at = decode_varint(data, at)
+            key = None if klen < 0 else data[at:at + klen]
+            at += max(klen, 0)
+            vlen, at = decode_varint(data, at)
+            if length < 0 or end > len(data) or at > end or not 0 <= delta <= h.last_offset_delta:
+                raise CorruptSegmentError("malformed record", path=path, position=h.position)
+            out.append((h.base_offset + delta, key, vlen < 0))
+            pos = end
+        if pos != len(data):
+            raise CorruptSegmentError("bytes left after the records", path=path,
+                                      position=h.position)
+        return out
+    except (IndexError, ValueError, struct.error) as exc:
+        raise CorruptSegmentError(f"batch at offset {h.base_offset}: malformed records: {exc}",
+                                  path=path, position=h.position) from None
+
+
 def key_hash(key: bytes) -> bytes:
     """The 16-byte digest compaction keys records by. MD5, as Kafka's `SkimpyOffsetMap`:
     collisions are as unlikely as Kafka's cleaner accepts, and keys of any size shuffle as
@@ -278,10 +314,11 @@ def scan_segment(
 ) -> Iterator[KeyEvent | ProducerEvent]:
     """Every keyed record of the segment's data batches and every batch with a producer id,
     in offset order. Decodes (and CRC-checks) every batch."""
-    for batch in iter_batches(data, path=path):
-        h = batch.header
+    view = memoryview(data)
+    for h in iter_batch_headers(data, path=path):
         if h.producer_id >= 0:
             if h.is_control:
+                batch = decode_batch(data, h.position, path=path)
                 kind = {"commit": COMMIT, "abort": ABORT}.get(batch.control_type or "",
                                                                OTHER_CONTROL)
             else:
@@ -291,9 +328,9 @@ def scan_segment(
         if h.is_control:
             continue
         txn = (h.producer_id, h.last_offset) if h.is_transactional else None
-        for r in batch.records:
-            if r.key is not None:
-                yield KeyEvent(key_hash(r.key), r.offset, txn)
+        for offset, key, _null in record_keys(view, h, path=path):
+            if key is not None:
+                yield KeyEvent(key_hash(key), offset, txn)
 
 
 def transaction_flags(events: Iterable[ProducerEvent]) -> dict[int, int]:
@@ -358,17 +395,32 @@ def compact_segment(
     out = bytearray()
     res = SegmentCleaning(b"", bytes_in=len(data))
     view = memoryview(data)
-    for batch in iter_batches(data, path=path):
-        h = batch.header
+    for h in iter_batch_headers(data, path=path):
         res.batches_in += 1
         res.last_header = h
         f = flags.get(h.last_offset, 0)
         raw = view[h.position:h.end_position]
         if f & IN_DOUBT:  # undecided transaction: nothing about it is known yet
             out += raw
-            res.records_in += len(batch.records)
-            res.records_kept += len(batch.records)
+            res.records_in += h.records_count
+            res.records_kept += h.records_count
             continue
+        if not h.is_control and not f:
+            fast = _plain_batch(h, record_keys(view, h, path=path), latest, now_ms,
+                                delete_retention_ms)
+            if fast is not None:  # kept whole or dropped whole: no record decoded
+                kept_all, records, tombstones, keyless = fast
+                res.records_in += records
+                if kept_all:
+                    res.records_kept += records
+                    res.keyless_kept += keyless
+                    out += raw
+                else:
+                    res.tombstones_dropped += tombstones
+                    res.batches_dropped += 1
+                    res.changed = True
+                continue
+        batch = decode_batch(data, h.position, path=path)
         decision = batch_retention(
             h,
             can_discard=bool(f & (MARKER_DISCARDABLE if h.is_control else ABORTED)),
@@ -390,3 +442,35 @@ def compact_segment(
         out += cleaned.data
     res.data = bytes(out)
     return res
+
+
+def _plain_batch(
+    h: BatchHeader, records: list[tuple[int, bytes | None, bool]], latest: Container[int],
+    now_ms: int, delete_retention_ms: int | None,
+) -> tuple[bool, int, int, int] | None:
+    """For a data batch outside transactions and not a producer's last: (kept whole, records,
+    keyed tombstones, keyless records) when the batch is copied or dropped whole, as
+    `clean_batch` would decide; None when some records stay and others go, or a horizon is
+    due (then the batch is rebuilt by `clean_batch`)."""
+    if not records:  # an empty header: Kafka's rules for it are `clean_batch`'s
+        return None
+    horizon = h.delete_horizon_ms
+    tombstones_live = horizon is None or now_ms < horizon
+    kept = keyless = tombstones = kept_tombstones = 0
+    for offset, key, null in records:
+        if key is None:
+            kept += 1
+            keyless += 1
+            continue
+        if null:
+            tombstones += 1
+        if offset in latest and (not null or tombstones_live):
+            kept += 1
+            kept_tombstones += null
+    if kept == len(records):
+        if kept_tombstones and horizon is None and delete_retention_ms is not None:
+            return None  # the horizon is set now: rebuilt
+        return True, len(records), 0, keyless
+    if kept == 0:
+        return False, len(records), tombstones, 0
+    return None

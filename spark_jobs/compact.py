@@ -103,6 +103,8 @@ class PartitionJob:
     bytes_after: int = 0
     bytes_uploaded: int = 0
     conflicts: int = 0
+    #: groups whose sources another writer changed first: deleted, not committed
+    stale_groups: int = 0
     skip_reason: str | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -126,6 +128,7 @@ class PartitionJob:
             "segments_replaced": self.segments_replaced,
             "bytes_uploaded": self.bytes_uploaded,
             "conflicts": self.conflicts,
+            "stale_groups": self.stale_groups,
             "errors": list(self.errors),
         }
 
@@ -458,9 +461,12 @@ def _commit(
         if state.runs_committed:
             job.bytes_after = state.bytes_after
         if stale and certain:
+            # another writer replaced or expired their sources first (a second compaction,
+            # retention): nothing is lost, and a pass later compacts what is left to do
             orphans += _delete_unreferenced(ctx.manifests, job.part, stale)
-            job.errors.append(f"{job.part}: {len(stale)} compacted group(s) no longer apply "
-                              "(the head changed under them); the next pass compacts again")
+            job.stale_groups += len(stale)
+            log.info("%s: %d compacted group(s) no longer apply (the head changed under "
+                     "them); deleted", job.part, len(stale))
     return orphans
 
 
@@ -493,6 +499,7 @@ def _summary(
         "objects_written": sum(j.groups_committed for j in worked),
         "segments_replaced": sum(j.segments_replaced for j in worked),
         "commit_conflicts": sum(j.conflicts for j in worked),
+        "stale_groups": sum(j.stale_groups for j in worked),
         "unreferenced_objects_deleted": orphans,
         "elapsed_s": round(elapsed, 3),
         "mb_per_s": round(bytes_read / 1e6 / elapsed, 3) if elapsed > 0 else 0.0,

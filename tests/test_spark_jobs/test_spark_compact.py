@@ -285,3 +285,33 @@ def test_cli_json_progress_and_metrics_file(file_store: ObjectStore, spark: Any,
     assert "skipped" in human.stdout and "already compacted" in human.stdout
     unknown = CliRunner().invoke(cli, ["compact", "--config", str(config), "--topic", "nope"])
     assert unknown.exit_code == 7 and "unknown topic" in unknown.output
+
+
+def test_a_second_compaction_beside_the_first_loses_nothing(
+    file_store: ObjectStore, spark: Any
+) -> None:
+    """A second job compacts and commits while the first waits to commit: the first's groups
+    no longer apply, are deleted unreferenced, and every surviving record is there once."""
+    ctx = context(file_store)
+    log = make_log(random.Random(21), 0, 300)
+    seed(ctx, [log[i:i + 20] for i in range(0, len(log), 20)])
+    inner: list[dict[str, Any]] = []
+
+    def second_job(part: PartitionRef) -> None:
+        if not inner:
+            inner.append(run_compact(context(file_store), clock=lambda: NOW / 1000))
+
+    first = run_compact(ctx, clock=lambda: NOW / 1000, before_commit=second_job)
+    assert inner[0]["ok"] and inner[0]["objects_written"] >= 1
+    assert first["ok"], first["errors"]
+    assert first["objects_written"] == 0 and first["stale_groups"] >= 1
+    assert first["unreferenced_objects_deleted"] >= 1
+    got, _ = records_in_bucket(ctx)
+    assert got == expected(log, horizon_passed=False)
+    m, _ = ctx.manifests.load(TOPIC, 0, REVISION)
+    listed = set(m.segments.object_names()) | {r.segment.object_name for r in m.replaced}
+    prefix = keys.partition_data_prefix(TOPIC, 0, REVISION)
+    for info in ctx.store.list(prefix):
+        name = info.key[len(prefix):]
+        if name.endswith(".log"):
+            assert name in listed, f"{name}: an object no manifest names was left behind"

@@ -156,8 +156,11 @@ def _timestamps(headers: Sequence[BatchHeader]) -> tuple[int, int]:
 
 def _meta(
     target: PartitionTarget, cand: UploadCandidate, size: int, crc: int, base_ts: int,
-    max_ts: int,
+    max_ts: int, first_offset: int | None = None,
 ) -> SegmentMeta:
+    """The manifest entry of a verified candidate. An object of a compacted topic whose
+    first batch starts after its range (compaction's holes) is a compacted copy: readers and
+    scrub then expect offsets without records (docs/compaction.md)."""
     epoch = target.log.epoch_for_offset(cand.begin_inclusive)
     return SegmentMeta(
         base_offset=cand.begin_inclusive,
@@ -168,6 +171,7 @@ def _meta(
         segment_term=max(0, epoch if epoch is not None else target.term),
         writer_term=target.term,
         checksum=crc,
+        compacted=cand.holes and first_offset is not None and first_offset > cand.begin_inclusive,
     )
 
 
@@ -198,7 +202,8 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
         # it did not cover the file as it is now
         crc = (summary.checksum if summary.checksum is not None and summary.size == size
                else _file_crc(log_path))
-        meta = _meta(target, cand, size, crc, max(base_ts, NO_TIMESTAMP), max_ts)
+        meta = _meta(target, cand, size, crc, max(base_ts, NO_TIMESTAMP), max_ts,
+                     summary.first_offset)
         indexes: dict[str, Path | bytes] = {}
         if cand.begin_inclusive < seg.base_offset:
             # compaction's holes below the file: the object's range, and so its indexes'
@@ -241,7 +246,8 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
         raise err.at(path=str(log_path), base_position=begin) from None
     _check_holds(headers, cand, log_path, begin, cand.byte_end_exclusive)
     base_ts, max_ts = _timestamps(headers)
-    meta = _meta(target, cand, len(data), crc32c.crc32c(data), base_ts, max_ts)
+    meta = _meta(target, cand, len(data), crc32c.crc32c(data), base_ts, max_ts,
+                 headers[0].base_offset)
     offset_index, time_index = build_indexes(
         data, base_offset=cand.begin_inclusive, index_interval_bytes=index_interval_bytes,
         path=str(log_path))
@@ -275,7 +281,7 @@ def _prepare_suffix(target: PartitionTarget, cand: UploadCandidate, log_path: Pa
                                   path=str(log_path), position=begin)
     _check_holds(headers, cand, log_path, begin, end)
     base_ts, max_ts = _timestamps(headers)
-    meta = _meta(target, cand, end - begin, crc.value, base_ts, max_ts)
+    meta = _meta(target, cand, end - begin, crc.value, base_ts, max_ts, headers[0].base_offset)
     offset_index, time_index = indexes_of(
         headers, base_offset=cand.begin_inclusive, index_interval_bytes=index_interval_bytes,
         path=str(log_path))

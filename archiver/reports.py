@@ -107,9 +107,12 @@ class ArchiverStats:
     leases: LeaseStats = field(default_factory=LeaseStats)
 
 
-def remote_section(m: PartitionManifest | None, error: str | None = None) -> dict[str, Any]:
+def remote_section(m: PartitionManifest | None, error: str | None = None, *,
+                   compacted: bool | None = None) -> dict[str, Any]:
     """The `remote` part of a describe-storage row: what the head manifest `m` holds, and the
-    error that kept it from being read."""
+    error that kept it from being read. For a compacted topic (`compacted`; None: when the
+    head lists a compacted copy) it adds `dirty_ratio`, what `tiered compact` decides by
+    (docs/compaction.md)."""
     remote: dict[str, Any] = {"start_offset": None, "last_offset": None, "size_bytes": 0,
                               "segments": 0, "archived_manifests": 0}
     if error is not None:
@@ -119,16 +122,29 @@ def remote_section(m: PartitionManifest | None, error: str | None = None) -> dic
             start_offset=m.log_start_offset, last_offset=m.last_offset, size_bytes=m.cloud_bytes,
             segments=len(m.segments) + sum(e.segment_count for e in m.archives),
             archived_manifests=len(m.archives))
+    if m is not None and (compacted or (compacted is None and any(m.segments.column(
+            "compacted")))):
+        remote["dirty_ratio"] = dirty_ratio(m)
     return remote
+
+
+def dirty_ratio(m: PartitionManifest) -> float | None:
+    """The share of the head's bytes not compacted yet (None: no segment in the head)."""
+    sizes, flags = m.segments.column("size_bytes"), m.segments.column("compacted")
+    total = sum(sizes)
+    if not total:
+        return None
+    return round(sum(s for s, c in zip(sizes, flags, strict=True) if not c) / total, 4)
 
 
 def storage_row(part: PartitionLog, snap: LogSnapshot | None, view: PartitionView | None,
                 m: PartitionManifest | None, error: str | None = None, *,
-                uploader: tuple[str | None, str] = (None, "uploader")) -> dict[str, Any]:
+                uploader: tuple[str | None, str] = (None, "uploader"),
+                compacted: bool | None = None) -> dict[str, Any]:
     """One partition's `describe-storage` row: what is local, what is in the bucket, what is
     still pending upload and below which offset local data may go, and who uploads it
     (`uploader`: the node holding its upload lease or None, and this node's role)."""
-    remote = remote_section(m, error)
+    remote = remote_section(m, error, compacted=compacted)
     hw = part.high_watermark
     if hw is None and snap is not None:
         hw = snap.high_watermark

@@ -351,7 +351,8 @@ class Archiver:
             out = archive_partition(
                 state.target(), self.mstore, state.cursor, snapshot, self.upload_params,
                 self._now_ms(), submit=submit, gate=self._gate,
-                index_interval_bytes=tc.index_interval_bytes)
+                index_interval_bytes=tc.index_interval_bytes,
+                compacted="compact" in tc.cleanup_policy.split(","))
             if out.fenced:
                 state.fenced_by = self._fencing_term(state)
                 self.ownership.lost(state.pid)
@@ -716,7 +717,8 @@ class Archiver:
         return [
             storage_row(s.log, snaps.get(s.tp), by_tp.get((s.tp.topic, s.tp.partition)),
                         s.cursor.manifest if s.cursor.loaded else None, errors.get(s.tp),
-                        uploader=self._uploader(s))
+                        uploader=self._uploader(s), compacted="compact" in self.config
+                        .topic_config(s.tp.topic).cleanup_policy.split(","))
             for s in states
         ]
 

@@ -161,6 +161,11 @@ class ArchivalState:
 
     manifest_last_offset: int | None
     last_upload_ms: int
+    #: a compacted topic whose local log start is at or below the manifest's next offset: the
+    #: offsets missing between the manifest and the local data were removed by the broker's
+    #: cleaner, not by retention, so uploads continue the manifest across them (the object's
+    #: range starts at the manifest's next offset, its first batch later; docs/compaction.md)
+    compaction_holes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +231,9 @@ class UploadCandidate:
     byte_end_exclusive: int
     max_timestamp_ms: int
     paths: tuple[str, ...]
+    #: the first batch may start after `begin_inclusive` (compaction's holes, see
+    #: `ArchivalState.compaction_holes`)
+    holes: bool = False
 
     @property
     def last_offset(self) -> int:
@@ -328,7 +336,7 @@ def plan_uploads(
         if len(candidates) == params.max_candidates_per_round or seg.last_offset >= stable_end:
             pending_closed = True
             break
-        if expected is not None and seg.base_offset > expected:
+        if expected is not None and seg.base_offset > expected and not state.compaction_holes:
             if candidates:  # upload the contiguous run; the next round reports the gap
                 pending_closed = True
                 break
@@ -338,7 +346,7 @@ def plan_uploads(
                 detail=f"manifest ends at {expected - 1} but the next local segment starts "
                 f"at {seg.base_offset}",
             )
-        candidates.append(_closed_candidate(seg, expected))
+        candidates.append(_closed_candidate(seg, expected, state.compaction_holes))
         expected = seg.last_offset + 1
 
     active = log.active
@@ -349,6 +357,7 @@ def plan_uploads(
         and expected is not None
         and active.size_bytes > 0
         and active.base_offset > expected
+        and not state.compaction_holes
     ):
         # no closed segment continues the manifest and the active one starts later
         return UploadPlan(
@@ -358,7 +367,8 @@ def plan_uploads(
             f"{active.base_offset}",
         )
     if active is not None and not pending_closed:
-        after = ArchivalState(None if expected is None else expected - 1, state.last_upload_ms)
+        after = ArchivalState(None if expected is None else expected - 1, state.last_upload_ms,
+                              state.compaction_holes)
         room = len(candidates) < params.max_candidates_per_round
         if room and idle_upload_due(log, after, params, now_ms):
             if not active_batches and not candidates:
@@ -386,10 +396,14 @@ def plan_uploads(
     return UploadPlan(UploadDecision.UP_TO_DATE, detail="manifest covers all local data")
 
 
-def _closed_candidate(seg: LocalSegment, expected: int | None) -> UploadCandidate:
+def _closed_candidate(seg: LocalSegment, expected: int | None, holes: bool = False
+                      ) -> UploadCandidate:
     begin = seg.base_offset if expected is None else expected
-    whole = begin == seg.base_offset
-    # a manifest ending inside the segment means an idle-timeout upload took its head earlier
+    # a segment starting after the manifest's next offset across compaction's holes goes up
+    # whole, its object's range widened down to `begin`
+    whole = begin <= seg.base_offset
+    # a manifest ending inside the segment means an idle-timeout upload took its head earlier,
+    # or (compacted topic) the broker's cleaner merged segments across the manifest's end
     return UploadCandidate(
         UploadKind.SEGMENT if whole else UploadKind.SEGMENT_SUFFIX,
         seg.base_offset,
@@ -399,6 +413,7 @@ def _closed_candidate(seg: LocalSegment, expected: int | None) -> UploadCandidat
         seg.size_bytes,
         seg.max_timestamp_ms,
         seg.paths,
+        holes,
     )
 
 

@@ -156,8 +156,11 @@ def _timestamps(headers: Sequence[BatchHeader]) -> tuple[int, int]:
 
 def _meta(
     target: PartitionTarget, cand: UploadCandidate, size: int, crc: int, base_ts: int,
-    max_ts: int,
+    max_ts: int, first_offset: int | None = None,
 ) -> SegmentMeta:
+    """The manifest entry of a verified candidate. An object of a compacted topic whose
+    first batch starts after its range (compaction's holes) is a compacted copy: readers and
+    scrub then expect offsets without records (docs/compaction.md)."""
     epoch = target.log.epoch_for_offset(cand.begin_inclusive)
     return SegmentMeta(
         base_offset=cand.begin_inclusive,
@@ -168,6 +171,7 @@ def _meta(
         segment_term=max(0, epoch if epoch is not None else target.term),
         writer_term=target.term,
         checksum=crc,
+        compacted=cand.holes and first_offset is not None and first_offset > cand.begin_inclusive,
     )
 
 
@@ -198,9 +202,17 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
         # it did not cover the file as it is now
         crc = (summary.checksum if summary.checksum is not None and summary.size == size
                else _file_crc(log_path))
-        meta = _meta(target, cand, size, crc, max(base_ts, NO_TIMESTAMP), max_ts)
+        meta = _meta(target, cand, size, crc, max(base_ts, NO_TIMESTAMP), max_ts,
+                     summary.first_offset)
         indexes: dict[str, Path | bytes] = {}
-        if indexes_ok and seg.index_path.exists() and seg.timeindex_path.exists():
+        if cand.begin_inclusive < seg.base_offset:
+            # compaction's holes below the file: the object's range, and so its indexes'
+            # relative offsets, start at the manifest's next offset
+            offset_index, time_index = indexes_of(
+                seg.iter_batch_headers(), base_offset=cand.begin_inclusive,
+                index_interval_bytes=index_interval_bytes, path=str(log_path))
+            indexes = {"index": offset_index, "timeindex": time_index}
+        elif indexes_ok and seg.index_path.exists() and seg.timeindex_path.exists():
             indexes = {"index": seg.index_path, "timeindex": seg.timeindex_path}
         else:
             offset_index, time_index = seg.rebuild_indexes(
@@ -214,7 +226,9 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
     begin = cand.byte_begin_inclusive
     if begin is None:
         header = seg.find_offset(cand.begin_inclusive)
-        if header is None or header.base_offset != cand.begin_inclusive:
+        # a compacted log may have lost the batch at the manifest's end: the next one follows
+        if header is None or header.base_offset < cand.begin_inclusive or (
+                header.base_offset > cand.begin_inclusive and not cand.holes):
             raise CorruptSegmentError(
                 f"no batch starts at offset {cand.begin_inclusive}, where the manifest ends",
                 path=str(log_path))
@@ -232,7 +246,8 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
         raise err.at(path=str(log_path), base_position=begin) from None
     _check_holds(headers, cand, log_path, begin, cand.byte_end_exclusive)
     base_ts, max_ts = _timestamps(headers)
-    meta = _meta(target, cand, len(data), crc32c.crc32c(data), base_ts, max_ts)
+    meta = _meta(target, cand, len(data), crc32c.crc32c(data), base_ts, max_ts,
+                 headers[0].base_offset)
     offset_index, time_index = build_indexes(
         data, base_offset=cand.begin_inclusive, index_interval_bytes=index_interval_bytes,
         path=str(log_path))
@@ -242,9 +257,9 @@ def prepare(target: PartitionTarget, cand: UploadCandidate, index_interval_bytes
 def _check_holds(headers: Sequence[BatchHeader], cand: UploadCandidate, log_path: Path,
                  begin: int, end: int) -> None:
     """The batches read from bytes `[begin, end)` must be exactly the planned offsets."""
-    if not headers or headers[0].base_offset != cand.begin_inclusive or (
-        headers[-1].last_offset != cand.last_offset
-    ):
+    first = headers[0].base_offset if headers else -1
+    starts = first >= cand.begin_inclusive if cand.holes else first == cand.begin_inclusive
+    if not headers or not starts or headers[-1].last_offset != cand.last_offset:
         raise CorruptSegmentError(
             f"bytes {begin}..{end} do not hold offsets {cand.begin_inclusive}.."
             f"{cand.last_offset}", path=str(log_path), position=begin)
@@ -266,7 +281,7 @@ def _prepare_suffix(target: PartitionTarget, cand: UploadCandidate, log_path: Pa
                                   path=str(log_path), position=begin)
     _check_holds(headers, cand, log_path, begin, end)
     base_ts, max_ts = _timestamps(headers)
-    meta = _meta(target, cand, end - begin, crc.value, base_ts, max_ts)
+    meta = _meta(target, cand, end - begin, crc.value, base_ts, max_ts, headers[0].base_offset)
     offset_index, time_index = indexes_of(
         headers, base_offset=cand.begin_inclusive, index_interval_bytes=index_interval_bytes,
         path=str(log_path))
@@ -400,6 +415,7 @@ def archive_partition(
     submit: Submit,
     gate: UploadGate,
     index_interval_bytes: int,
+    compacted: bool = False,
 ) -> UploadOutcome:
     """One upload round for one partition; updates `cursor` with what it committed. Raises
     only for programming errors: every partition fault comes back as an `UploadOutcome`."""
@@ -407,7 +423,7 @@ def archive_partition(
     try:
         m = edits.with_term(head(cursor, mstore, target), target.term)
         _run(target, mstore, cursor, m, snapshot, params, now_ms, submit, gate,
-             index_interval_bytes, out)
+             index_interval_bytes, out, compacted)
     except StaleTerm as err:
         out.decision, out.error, out.fenced = "fenced", str(err), True
         cursor.loaded = False
@@ -434,8 +450,12 @@ def _run(
     target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCursor,
     m: PartitionManifest, snapshot: LogSnapshot, params: UploadParams, now_ms: int,
     submit: Submit, gate: UploadGate, index_interval_bytes: int, out: UploadOutcome,
+    compacted: bool = False,
 ) -> None:
-    state = ArchivalState(None if m.last_offset < 0 else m.last_offset, cursor.last_upload_ms)
+    start = target.log.log_start_offset
+    holes = compacted and start is not None and m.last_offset >= 0 and start <= m.last_offset + 1
+    state = ArchivalState(None if m.last_offset < 0 else m.last_offset, cursor.last_upload_ms,
+                          compaction_holes=holes)
     plan = plan_uploads(snapshot, state, params, now_ms)
     if plan.decision is UploadDecision.NEEDS_ACTIVE_BATCHES:
         plan = plan_uploads(snapshot, state, params, now_ms, _active_batches(target))

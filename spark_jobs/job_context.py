@@ -252,7 +252,10 @@ class Progress:
 
     def line(self) -> str:
         elapsed = time.monotonic() - self._started
-        parts = [f"{self.label}: {self.completed_tasks()}/{self.total_tasks} tasks"]
+        done = self.completed_tasks()
+        # total_tasks 0: a job of several stages whose task count is not known up front
+        tasks = f"{done}/{self.total_tasks}" if self.total_tasks else f"{done}"
+        parts = [f"{self.label}: {tasks} tasks"]
         if self.bytes_done is not None:
             moved = self.bytes_done()
             rate = moved / elapsed if elapsed > 0 else 0.0
@@ -290,7 +293,7 @@ class Progress:
     def __enter__(self) -> Progress:
         self.sc.setJobGroup(self.group, self.label)
         self._started = time.monotonic()
-        if self._tty:
+        if self._tty and self.total_tasks:
             self._bar = click.progressbar(length=max(1, self.total_tasks), label=self.label,
                                           file=self.stream, show_eta=False,
                                           item_show_func=self._bytes_text)

@@ -161,6 +161,10 @@ def _claim_name(store: ObjectStore, task: RunTask, data: bytes) -> tuple[str, st
         f"{task.last_offset} in {NAME_ATTEMPTS} generations from {task.generation}")
 
 
+#: the name claim compaction's uploads share (`spark_jobs.compact_exec`)
+claim_name = _claim_name
+
+
 def merge_run(store: ObjectStore, task: RunTask) -> RunResult:
     """Executor side: merge one run and upload it with its indexes. Failures (corrupt source,
     store fault) come back in the result rather than failing the Spark task, so one bad run

@@ -1,7 +1,7 @@
 """The one file `spark-submit` runs: `spark-submit spark_jobs/submit.py JOB ARGS...`.
 
-JOB is `merge`, `recover` or `scrub`, with the same arguments as `tiered JOB`, run through the
-same command (its logging, its one-line errors and exit codes), so a job behaves alike
+JOB is `compact`, `merge`, `recover` or `scrub`, with the same arguments as `tiered JOB`, run
+through the same command (its logging, its one-line errors and exit codes), so a job behaves alike
 whether a user starts it with `tiered` or hands it to a cluster. This is an entry point like
 the CLI itself: it sits above the layers it starts (docs/design.md).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-JOBS = ("merge", "recover", "scrub")
+JOBS = ("compact", "merge", "recover", "scrub")
 
 
 def main(argv: list[str] | None = None) -> None:

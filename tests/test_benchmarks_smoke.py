@@ -121,3 +121,18 @@ def test_kafka_read_benchmark_reads_everything_through_the_endpoint() -> None:
         assert report[name]["mb_per_s"] > 0
     assert set(report["ratios"]) == {"confluent_cold", "confluent_warm", "kafka_python"}
     assert len(report["rounds"]) == 1
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_compact_benchmark_loses_nothing_beside_a_daemon() -> None:
+    report = run_benchmark("compact.py", "--size-mb", "2", "--keys", "2000", "--segment-mb", "1",
+                           timeout=540)
+    assert report["benchmark"] == "compact"
+    compaction = report["compaction"]
+    assert compaction["ok"], compaction["errors"]
+    assert compaction["bytes_after"] < compaction["bytes_before"]
+    assert compaction["records_dropped"] > 0 and compaction["driver_peak_rss_mib"] > 0
+    assert report["boto3_io"]["bytes_got"] == report["input_bytes"]
+    assert report["daemon_beside"]["losses"] == 0 and report["daemon_beside"]["extra"] == 0
+    assert report["ratio_vs_boto3_io"] is not None

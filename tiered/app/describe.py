@@ -4,7 +4,8 @@ A row is the JSON object `--json` prints, one per partition:
 
     topic, partition, high_watermark,
     local  {start_offset, last_offset, size_bytes, segments},
-    remote {start_offset, last_offset, size_bytes, segments, archived_manifests},
+    remote {start_offset, last_offset, size_bytes, segments, archived_manifests,
+            dirty_ratio (compacted topics: the head's share not compacted yet)},
     pending_bytes, safe_to_delete_below,
     uploader (node holding the upload lease, or None), role ("uploader" | "standby")
 
@@ -26,10 +27,10 @@ __all__ = ["COLUMNS", "render_rows", "summary_line"]
 #: column header -> how a row renders in it
 COLUMNS: tuple[str, ...] = (
     "PARTITION", "HIGH WATERMARK", "LOCAL OFFSETS", "LOCAL SIZE", "REMOTE OFFSETS",
-    "REMOTE SIZE", "PENDING", "SAFE TO DELETE BELOW", "UPLOADER", "ROLE",
+    "REMOTE SIZE", "DIRTY", "PENDING", "SAFE TO DELETE BELOW", "UPLOADER", "ROLE",
 )
 #: columns whose values are numbers, aligned right
-_RIGHT = frozenset({"HIGH WATERMARK", "LOCAL SIZE", "REMOTE SIZE", "PENDING",
+_RIGHT = frozenset({"HIGH WATERMARK", "LOCAL SIZE", "REMOTE SIZE", "DIRTY", "PENDING",
                     "SAFE TO DELETE BELOW"})
 
 
@@ -45,6 +46,13 @@ def _num(value: object) -> str:
 def _size(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return format_size(value)
+    return "-"
+
+
+def _ratio(value: object) -> str:
+    """A compacted topic's dirty ratio as a percentage; "-" for other topics."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.0%}"
     return "-"
 
 
@@ -79,6 +87,7 @@ def _cells(row: Mapping[str, Any]) -> dict[str, str]:
         "LOCAL SIZE": _segments(local, _size(local.get("size_bytes"))),
         "REMOTE OFFSETS": "error (below)" if remote.get("error") else _offsets(remote),
         "REMOTE SIZE": _segments(remote, _size(remote.get("size_bytes"))),
+        "DIRTY": _ratio(remote.get("dirty_ratio")),
         "PENDING": _size(row.get("pending_bytes")),
         "SAFE TO DELETE BELOW": _num(row.get("safe_to_delete_below")),
         "UPLOADER": str(row.get("uploader") or "-"),
@@ -91,16 +100,18 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     if not rows:
         return ["no partitions found"]
     table = [_cells(r) for r in rows]
-    widths = {c: max(len(c), *(len(t[c]) for t in table)) for c in COLUMNS}
+    # DIRTY only where a compacted topic is listed: other deployments see the table unchanged
+    columns = [c for c in COLUMNS if c != "DIRTY" or any(t[c] != "-" for t in table)]
+    widths = {c: max(len(c), *(len(t[c]) for t in table)) for c in columns}
 
     def line(cells: Mapping[str, str]) -> str:
         parts = [cells[c].rjust(widths[c]) if c in _RIGHT else cells[c].ljust(widths[c])
-                 for c in COLUMNS]
+                 for c in columns]
         return "  ".join(parts).rstrip()
 
     errors = [f"{_name(r)}: cannot read the manifest: {_section(r, 'remote')['error']}"
               for r in rows if _section(r, "remote").get("error")]
-    return [line({c: c for c in COLUMNS}), *(line(t) for t in table), *errors]
+    return [line({c: c for c in columns}), *(line(t) for t in table), *errors]
 
 
 def summary_line(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -18,7 +18,7 @@ from tiered.cli.options import ErrorGroup, setup_logging
 
 #: every subcommand: name -> ("module:attribute", short help). The group imports a module only
 #: when its command runs (or its own --help is asked for): `tiered --help` and a local fetch do
-#: not load boto3, and only merge, recover and scrub load Spark. The short help is repeated
+#: not load boto3, and only compact, merge, recover and scrub load Spark. The short help is repeated
 #: here so `tiered --help` need not import anything; a test keeps it equal to each command's.
 COMMANDS: dict[str, tuple[str, str]] = {
     "acl": ("tiered.cli.security:acl_group",
@@ -28,6 +28,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "remote and local retention, collect garbage."),
     "bucket": ("tiered.cli.bucket:bucket_group",
         "Manage the bucket a configuration names."),
+    "compact": ("tiered.cli.spark:compact_command",
+        "Compact the history of compacted topics in the bucket (Kafka's log cleaner), on "
+        "Spark."),
     "config": ("tiered.cli.inspect:config_group",
         "Inspect and validate configuration files."),
     "demo": ("tiered.cli.commands:demo_command",

@@ -1,4 +1,5 @@
-"""`tiered merge`, `tiered recover` and `tiered scrub`: the Spark maintenance commands.
+"""`tiered compact`, `tiered merge`, `tiered recover` and `tiered scrub`: the Spark maintenance
+commands.
 
 Registered on `tiered.cli.main.cli` by importing this module. The job modules (and pyspark) load
 only inside the command bodies, so `tiered --help` and the daemon never need Spark, and a
@@ -103,6 +104,73 @@ def merge_command(
     with _context(config_path, master, "tiered-merge") as ctx:
         summary = run_merge(ctx, topic=topic, force=force)
     emit_summary(summary, as_json=as_json, human=merge_lines)
+
+
+# -- compact -----------------------------------------------------------------------------------
+
+
+def compact_lines(summary: dict[str, Any]) -> Iterable[str]:
+    before, after = summary["before"]["bytes"], summary["after"]["bytes"]
+    verb = "would compact" if summary["dry_run"] else "compacted"
+    yield (
+        f"{verb} {len(summary['partitions'])} partition(s): {format_size(before)} -> "
+        f"{format_size(after)}; read {format_size(summary['bytes_read'])} in "
+        f"{summary['elapsed_s']:.1f} s ({summary['mb_per_s']} MB/s)"
+    )
+    yield (
+        f"records dropped {summary['records_dropped']} of {summary['records_in']}, tombstones "
+        f"dropped {summary['tombstones_dropped']}, keyless records kept "
+        f"{summary['keyless_records_kept']}, delete horizons set "
+        f"{summary['delete_horizons_set']}; {summary['objects_written']} object(s) written "
+        f"for {summary['segments_replaced']} segment(s)"
+    )
+    for p in summary["partitions"]:
+        yield (
+            f"  {p['topic']}/{p['partition']}: dirty ratio {p['dirty_ratio']}, "
+            f"{format_size(p['bytes_before'])} -> {format_size(p['bytes_after'])}, "
+            f"{p['records_dropped']} records and {p['tombstones_dropped']} tombstones dropped"
+        )
+    for skip in summary["skipped"]:
+        yield f"  skipped {skip['topic']}/{skip['partition']}: {skip['reason']}"
+    for err in summary["errors"]:
+        yield f"error: {err}"
+
+
+@click.command("compact")
+@config_option
+@click.option("--topic", default=None, help="Only this topic (default: every compacted topic).")
+@click.option("--partition", type=click.IntRange(min=0), default=None,
+              help="Only this partition (of --topic, or of every topic).")
+@master_option
+@click.option("--dry-run", is_flag=True,
+              help="Read and clean, report what would change; upload and commit nothing.")
+@click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the run's figures as Prometheus gauges to this file (for "
+              "node_exporter's textfile collector).")
+@json_option
+def compact_command(
+    config_path: Path, topic: str | None, partition: int | None, master: str | None,
+    dry_run: bool, metrics_file: Path | None, as_json: bool,
+) -> None:
+    """Compact the history of compacted topics in the bucket (Kafka's log cleaner), on Spark.
+
+    For every key the record with the highest offset survives at its own offset; tombstones
+    go delete.retention.ms after the pass that first kept them; aborted transactions go.
+    Partitions are compacted when due (min.cleanable.dirty.ratio, max.compaction.lag.ms);
+    records younger than min.compaction.lag.ms are left alone. Replacements are committed by
+    compare-and-swap and the old objects deleted by garbage collection after the grace
+    period. Exits 1 if anything could not be compacted."""
+    from spark_jobs.compact import run_compact, write_metrics
+
+    with _context(config_path, master, "tiered-compact") as ctx:
+        summary = run_compact(ctx, topic=topic, partition=partition, dry_run=dry_run)
+    if metrics_file is not None:
+        try:
+            write_metrics(summary, str(metrics_file))
+        except OSError as exc:
+            raise click.ClickException(f"cannot write --metrics-file {metrics_file}: {exc}"
+                                       ) from None
+    emit_summary(summary, as_json=as_json, human=compact_lines)
 
 
 # -- recover -----------------------------------------------------------------------------------

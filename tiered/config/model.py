@@ -146,6 +146,12 @@ class TopicConfig:
     merge_target_bytes: int
     #: segments below this are merge candidates (cluster min, or half of segment.bytes)
     merge_min_bytes: int
+    #: compaction (docs/compaction.md): tombstone lifetime after a pass kept it, None: forever
+    delete_retention_ms: int | None = 86_400_000
+    min_compaction_lag_ms: int = 0
+    #: None: no limit
+    max_compaction_lag_ms: int | None = None
+    min_cleanable_dirty_ratio: float = 0.2
     #: dotted names this topic sets itself (aliases resolved)
     overrides: frozenset[str] = frozenset()
 

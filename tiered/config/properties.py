@@ -324,6 +324,23 @@ CLUSTER: tuple[Property, ...] = (
        aliases=("log.index.interval.bytes",)),
     _c("log_cleanup_policy", "enum", "delete", "Cluster default of cleanup.policy.",
        choices=("delete", "compact", "compact,delete"), aliases=("log.cleanup.policy",)),
+    # compaction of the bucket's history (`tiered compact`, docs/compaction.md)
+    _c("tombstone_retention_ms", "ms", DAY_MS, "Cluster default of delete.retention.ms: how "
+       "long a tombstone (and a finished transaction's marker) survives compaction once a pass "
+       "has kept it (KIP-534 delete horizon). -1: forever. Redpanda leaves it unset (tombstones "
+       "kept); tiered picks Kafka's 1 day so compacted history sheds deleted keys.",
+       unlimited=True, aliases=("log.cleaner.delete.retention.ms",)),
+    _c("min_compaction_lag_ms", "ms", 0, "Cluster default of min.compaction.lag.ms: a "
+       "segment whose newest record is younger than this is not compacted.", min=0,
+       aliases=("log.cleaner.min.compaction.lag.ms",)),
+    _c("max_compaction_lag_ms", "ms", None, "Cluster default of max.compaction.lag.ms: a "
+       "partition whose oldest uncompacted record is older than this is compacted whatever "
+       "its dirty ratio. -1 or not set: no limit.", unlimited=True, min=0,
+       aliases=("log.cleaner.max.compaction.lag.ms",)),
+    _c("min_cleanable_dirty_ratio", "float", 0.2, "Cluster default of "
+       "min.cleanable.dirty.ratio: a partition is compacted once the uncompacted share of "
+       "its cleanable bytes reaches this (Redpanda's default; Kafka's is 0.5).", min=0, max=1,
+       aliases=("log.cleaner.min.cleanable.ratio",)),
 )
 
 TOPIC: tuple[Property, ...] = (
@@ -354,6 +371,16 @@ TOPIC: tuple[Property, ...] = (
        choices=("delete", "compact", "compact,delete"), fallback="log_cleanup_policy"),
     _t("index.interval.bytes", "size", None, "Bytes between .index entries.", min=0,
        fallback="log_index_interval_bytes"),
+    _t("delete.retention.ms", "ms", None, "How long compaction keeps a tombstone after the "
+       "pass that first kept it. -1: forever.", unlimited=True,
+       fallback="tombstone_retention_ms"),
+    _t("min.compaction.lag.ms", "ms", None, "Records younger than this are not compacted.",
+       min=0, fallback="min_compaction_lag_ms"),
+    _t("max.compaction.lag.ms", "ms", None, "Compact once the oldest uncompacted record is "
+       "this old, whatever the dirty ratio. -1: no limit.", unlimited=True, min=0,
+       fallback="max_compaction_lag_ms"),
+    _t("min.cleanable.dirty.ratio", "float", None, "Compact once uncompacted bytes are this "
+       "share of the cleanable bytes.", min=0, max=1, fallback="min_cleanable_dirty_ratio"),
 )
 
 # fmt: on

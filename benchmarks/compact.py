@@ -37,7 +37,7 @@ from typing import Any
 import crc32c
 from _common import MIB, MotoServer, Stopwatch, emit, mb_per_s, progress, versions
 
-from manifests import ManifestSettings, ManifestStore, SegmentMeta, keys, ops
+from manifests import ManifestSettings, ManifestStore, SegmentMeta, edits, keys
 from manifests.topic import TopicManifest, save_topic_manifest
 from tiered.config import Config, parse_config
 from tiered.kafka.builder import encode_batch
@@ -81,7 +81,7 @@ def upload(mstore: ManifestStore, blobs: list[bytes], *, term: int = 1) -> None:
         mstore.store.put(keys.object_key(TOPIC, 0, REVISION, meta.object_name), data)
         metas.append(meta)
     mstore.update(TOPIC, 0, REVISION,
-                  lambda m: ops.add_segments(ops.with_term(m, max(term, m.term)), metas))
+                  lambda m: edits.add_segments(edits.with_term(m, max(term, m.term)), metas))
 
 
 def seed(config: Config, size: int, key_count: int, tombstones: float,
@@ -130,8 +130,8 @@ def child(args: argparse.Namespace) -> None:
     """Runs in its own process: Spark session, the daemon thread, the compaction."""
     from pyspark.sql import SparkSession
 
-    from spark_jobs.common import JobContext
     from spark_jobs.compact import run_compact
+    from spark_jobs.job_context import JobContext
 
     config = make_config(args.endpoint, args.segment_mb * MIB)
     (SparkSession.builder.master(args.master).appName("compact-bench")

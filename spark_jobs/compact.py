@@ -35,7 +35,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from manifests import ManifestStore, PartitionManifest, TopicManifest
-from spark_jobs.common import JobContext, PartitionRef, Progress, job_error, slices_for
 from spark_jobs.compact_exec import (
     KEY,
     PRODUCER,
@@ -55,6 +54,7 @@ from spark_jobs.compact_plan import (
     group_outputs,
     plan_compaction,
 )
+from spark_jobs.job_context import JobContext, PartitionRef, Progress, job_error, slices_for
 from spark_jobs.merge import PartitionState, _delete_unreferenced, _Planned, commit_partition
 from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, fresh_generation
 from spark_jobs.merge_plan import MergeLimits, is_compacted_topic, merge_limits

@@ -1,6 +1,6 @@
 """The executor side of compaction: scanning segment objects, cleaning one segment, uploading
 one group of cleaned segments. Picklable values in, picklable values out; the store is built
-on the executor (`spark_jobs.common.map_with_store`). The driver side is
+on the executor (`spark_jobs.job_context.map_with_store`). The driver side is
 `spark_jobs.compact`; the record-level rules are `tiered.kafka.compaction`.
 """
 
@@ -15,7 +15,7 @@ import crc32c
 from manifests import keys
 from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
-from spark_jobs.common import PartitionRef, job_error
+from spark_jobs.job_context import PartitionRef, job_error
 from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, claim_name
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.compaction import (

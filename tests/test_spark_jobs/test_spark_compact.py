@@ -21,8 +21,8 @@ from support.spark import REVISION, TOPIC, read_back, upload_segments
 
 from manifests import ManifestSettings, ManifestStore, keys
 from manifests.topic import TopicManifest, save_topic_manifest
-from spark_jobs.common import JobContext, PartitionRef
 from spark_jobs.compact import run_compact
+from spark_jobs.job_context import JobContext, PartitionRef
 from tiered.cli.main import cli
 from tiered.config import parse_config
 from tiered.kafka.builder import encode_batch

@@ -27,8 +27,8 @@ from support.remote import archive
 
 from archiver.service import Archiver
 from archiver.space import DiskInfo
-from spark_jobs.common import JobContext
 from spark_jobs.compact import run_compact
+from spark_jobs.job_context import JobContext
 from tiered.app.describe import render_rows
 from tiered.cli.main import cli
 from tiered.config import parse_config

@@ -43,6 +43,7 @@ from archiver.assignment import Member, Moves, plan_moves
 from manifests import ops
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, StaleTerm
+from manifests.manifest import PartitionManifest
 from manifests.lease import (
     Lease,
     NodeRecord,
@@ -113,6 +114,11 @@ class Ownership(Protocol):
     def lost(self, pid: PartitionId) -> None:
         """A commit as this partition's lease term was refused as stale: the lease moved."""
 
+    def take_head(self, pid: PartitionId) -> tuple[PartitionManifest, str | None] | None:
+        """The head manifest (and ETag, None: no head) read or committed while taking the
+        partition's lease, handed over once so the first upload round need not read it
+        again; None when there is none."""
+
     def stats(self) -> LeaseStats: ...
 
 
@@ -133,6 +139,9 @@ class SoleWriter:
 
     def lost(self, pid: PartitionId) -> None:
         pass
+
+    def take_head(self, pid: PartitionId) -> tuple[PartitionManifest, str | None] | None:
+        return None
 
     def stats(self) -> LeaseStats:
         return LeaseStats()
@@ -164,6 +173,9 @@ class LeaseView:
 
     def lost(self, pid: PartitionId) -> None:
         self._roles.pop(pid, None)
+
+    def take_head(self, pid: PartitionId) -> tuple[PartitionManifest, str | None] | None:
+        return None
 
     def stats(self) -> LeaseStats:
         return LeaseStats(node=self.node)
@@ -249,6 +261,10 @@ class LeaseKeeper:
         self._waiting_on: set[str] = set()
         #: damaged objects already reported
         self._warned: set[str] = set()
+        #: heads read or committed while taking leases, not yet handed to the archiver
+        self._heads: dict[PartitionId, tuple[PartitionManifest, str | None]] = {}
+        #: the node records have been listed at least once
+        self._listed = False
         #: this node's own record was renewed recently by another process (a daemon beside
         #: an `archive --once`): a passive keeper then leaves the record to it
         self._guest = False
@@ -290,6 +306,17 @@ class LeaseKeeper:
             held = self._state.held.get(pid)
             if held is not None:
                 held.verified = False  # the next tick reads the lease again
+            self._heads.pop(pid, None)
+
+    def take_head(self, pid: PartitionId) -> tuple[PartitionManifest, str | None] | None:
+        with self._lock:
+            return self._heads.pop(pid, None)
+
+    def _keep_head(self, pid: PartitionId, head: PartitionManifest, etag: str | None) -> None:
+        """Keep the head just read or committed under the lease for the first upload round
+        (it commits by compare-and-swap on it, so a copy gone stale costs a lost race)."""
+        with self._lock:
+            self._heads[pid] = (head, etag)
 
     def stats(self) -> LeaseStats:
         with self._lock:
@@ -327,27 +354,31 @@ class LeaseKeeper:
                 log.exception("lease keeper: tick failed")
 
     def stop(self, *, release: bool) -> None:
-        """Stop ticking; with `release`, hand every lease back (free) and delete the node's
-        record, so the others take the partitions over now instead of a lease time later."""
+        """Stop ticking; with `release`, delete the node's record: that releases every lease
+        it holds at once (a lease naming a node whose record is gone is free to take, at a
+        new generation that fences as every takeover does), so the others take the
+        partitions over now instead of a lease time later, in one request however many
+        partitions this node held. The lease objects keep naming this node: its next run
+        goes on under them without a new generation."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=max(10.0, self.lease_s))
         with self._lock:
             self._state.valid_until = float("-inf")  # standby everywhere from here on
+            held = sum(1 for h in self._state.held.values() if h.verified)
+            self._heads.clear()
         if not release:
             return
-        with self._lock:
-            held = list(self._state.held)
-        released = 0
-        for pid in held:
-            released += self._release(pid, reason="shutting down")
-        if released:
-            log.info("released %d upload lease(s) for the other sidecars", released)
         try:
             self._count()
             delete_node_record(self.store, self._node)
         except (TieredError, OSError) as err:
-            log.warning("could not remove the record of node %s: %s", self._node, err)
+            log.warning("could not remove the record of node %s (its %d upload lease(s) pass "
+                        "to the others a lease time from now): %s", self._node, held, err)
+            return
+        if held:
+            log.info("released %d upload lease(s) for the other sidecars by removing the "
+                     "record of node %s", held, self._node)
 
     # -- one tick ----------------------------------------------------------------------------
 
@@ -440,6 +471,7 @@ class LeaseKeeper:
         clean stops, by a missing record), and a read of the records whose contents are due."""
         self._count()
         listed = list(iter_node_records(self.store))
+        self._listed = True
         reads: dict[str, tuple[NodeRecord, str] | None] = {}
         with self._lock:
             for known in self._seen.values():
@@ -509,6 +541,10 @@ class LeaseKeeper:
         now = self._clock() if now is None else now
         seen = self._seen.get(node)
         if seen is None:
+            if self.passive and self._listed:
+                # no record: stopped cleanly (which releases its leases), or never started; a
+                # one-shot cannot watch for a lease time and goes by the records it finds
+                return False
             # never listed while we watched: gone once we have watched for a lease time
             return self._watch_start is not None and now - self._watch_start < self.lease_s
         record = seen.record
@@ -659,7 +695,7 @@ class LeaseKeeper:
             self._count()
             head, head_etag = self.mstore.load(pid.topic, pid.partition, pid.revision)
             try:
-                if not self._take(pid, lease, etag, head.term, head_etag is not None):
+                if not self._take(pid, lease, etag, head, head_etag):
                     return 0  # another node won it
             except StaleTerm:
                 continue  # a newer term wrote the head meanwhile: a generation above it
@@ -687,20 +723,22 @@ class LeaseKeeper:
         self._count()
         head, head_etag = self.mstore.load(pid.topic, pid.partition, pid.revision)
         if head.term > lease.generation:
-            return self._take(pid, lease, etag, head.term, True)
+            return self._take(pid, lease, etag, head, head_etag)
         if head.term < lease.generation and (head_etag is not None or lease.generation > 1):
-            self._fence(pid, lease.generation)
+            self._fence(pid, lease.generation, (head, head_etag))
+        else:
+            self._keep_head(pid, head, head_etag)
         with self._lock:
             self._state.held[pid] = _Held(lease.generation)
         return True
 
-    def _take(self, pid: PartitionId, lease: Lease | None, etag: str | None, head_term: int,
-              head_exists: bool) -> bool:
+    def _take(self, pid: PartitionId, lease: Lease | None, etag: str | None,
+              head: PartitionManifest, head_etag: str | None) -> bool:
         """Write this node into the lease at a generation above both the lease's and the head
         manifest's term (compare-and-swap on `etag`), then fence the head with it. False when
         another writer changed the lease first; `StaleTerm` when the head's term passed the
         new generation before the fence (take again, higher)."""
-        generation = max(0 if lease is None else lease.generation, head_term) + 1
+        generation = max(0 if lease is None else lease.generation, head.term) + 1
         try:
             self._count()
             etag = write_lease(self.store, Lease(pid, self._node, generation,
@@ -708,18 +746,23 @@ class LeaseKeeper:
         except PreconditionFailed:
             return False
         # fence only when someone could hold an older term: a lease or a head existed
-        if lease is not None or head_exists:
-            self._fence(pid, generation)
+        if lease is not None or head_etag is not None:
+            self._fence(pid, generation, (head, head_etag))
+        else:
+            self._keep_head(pid, head, head_etag)
         with self._lock:
             self._state.held[pid] = _Held(generation)
         return True
 
-    def _fence(self, pid: PartitionId, generation: int) -> None:
+    def _fence(self, pid: PartitionId, generation: int,
+               start: tuple[PartitionManifest, str | None]) -> None:
         """Commit `generation` as the head manifest's term: from now on every commit by an
-        older term (the previous holder's) is refused."""
+        older term (the previous holder's) is refused. `start`: the head just read (a lost
+        race re-reads it)."""
         self._count()
-        self.mstore.update(pid.topic, pid.partition, pid.revision,
-                           lambda m: ops.with_term(m, generation))
+        done = self.mstore.update(pid.topic, pid.partition, pid.revision,
+                                  lambda m: ops.with_term(m, generation), start=start)
+        self._keep_head(pid, done.manifest, done.etag)
 
 
 @contextlib.contextmanager

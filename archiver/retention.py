@@ -95,6 +95,8 @@ class HousekeepingOutcome:
     errors: list[str] = field(default_factory=list)
     #: the head starts above history it does not explain: nothing was collected
     lost_history: bool = False
+    #: orphans too young to collect yet, or deferred: a later pass has work here
+    waiting: bool = False
 
 
 class GarbageCollector:
@@ -252,6 +254,7 @@ class GarbageCollector:
         out.commits += bool(done.cutoff_ms)
         out.errors.extend(done.errors)
         out.lost_history = done.anomaly is not None
+        out.waiting = done.pending > 0
 
 
 __all__ = [

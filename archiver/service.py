@@ -49,7 +49,7 @@ from archiver.local_retention import (
 )
 from archiver.log_view import SegmentFacts, snapshot_of
 from archiver.reports import ArchiverStats, PartitionReport, PassReport, storage_row
-from archiver.retention import GarbageCollector
+from archiver.retention import GarbageCollector, retention_start_offset
 from archiver.space import (
     DiskInfo,
     PartitionView,
@@ -69,6 +69,7 @@ from archiver.uploader import (
     archive_partition,
     head,
 )
+from manifests import ops
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, HistoryWithoutHead, ManifestConflict, StaleTerm
 from manifests.lease import PartitionId
@@ -104,6 +105,10 @@ class _Partition:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the manifest term that fenced this writer; it stays out until its own term passes it
     fenced_by: int | None = None
+    #: the head's ETag as this process's last full housekeeping left it, when that found
+    #: nothing waiting for a later pass (young orphans, a fault): while the cursor still
+    #: holds that version and its copy shows nothing due, housekeeping costs no request
+    housekept_etag: str | None = None
 
     @property
     def tp(self) -> TopicPartition:
@@ -335,6 +340,12 @@ class Archiver:
                     tp.topic, tp.partition, decision="fenced",
                     error=f"fenced: the manifest was written by term {state.fenced_by}, this "
                     f"writer has term {state.term}")
+            if not state.cursor.loaded:
+                # the head the lease keeper just read or fenced: no second read of it
+                taken = self.ownership.take_head(state.pid)
+                if taken is not None:
+                    state.cursor.manifest, state.cursor.etag = taken
+                    state.cursor.loaded = True
             try:
                 snapshot = snapshot_of(state.log, self.facts)
             except (TieredError, OSError) as err:
@@ -435,6 +446,8 @@ class Archiver:
                 limits = None
                 if tc.remote_retention_applies:
                     limits = RetentionLimits(tc.retention_ms, tc.retention_bytes)
+                if self._quiet(state, limits):
+                    return None, 0
                 # from the bucket as it is now, never the cursor's copy: another writer (a
                 # merge, a second daemon) may have committed since the cursor last looked
                 out = self.gc.housekeep(state.target(), term=state.term,
@@ -454,6 +467,8 @@ class Archiver:
                 row.decision, row.error = "error", f"{type(err).__name__}: {err}"
                 return row, 0
             cursor.manifest, cursor.etag = out.manifest, out.etag
+            waiting = out.waiting or out.errors or out.lost_history or out.etag is None
+            state.housekept_etag = None if waiting else out.etag
         self._lost_history(state.tp, out.lost_history)
         with self._lock:
             self._stats.commits_total += out.commits
@@ -462,6 +477,29 @@ class Archiver:
         if out.new_start_offset is not None:
             row.detail = f"remote start offset now {out.new_start_offset}"
         return row, out.deleted_objects
+
+    def _quiet(self, state: _Partition, limits: RetentionLimits | None) -> bool:
+        """Whether housekeeping has nothing to do on the partition, known without a request:
+        this process's last full housekeeping found nothing waiting (no young orphans, no
+        fault), the head is still the version it left (every commit of this process moves
+        the cursor's ETag), and that version has nothing due: no replaced segments, no
+        expired archives, nothing remote retention would cut. A head another writer changed
+        meanwhile (a merge) is housekept once this process next commits on it or restarts.
+        Deciding to do nothing needs no fresh read; whatever is done reads afresh."""
+        cursor = state.cursor
+        m = cursor.manifest
+        if (m is None or not cursor.loaded or state.housekept_etag is None
+                or cursor.etag != state.housekept_etag):
+            return False
+        if m.replaced or ops.expired_archives(m):
+            return False
+        if limits is not None and (limits.ms is not None or limits.bytes is not None):
+            if m.archives:
+                return False  # the history is in archived manifests: read them to decide
+            start = retention_start_offset(lambda: m.segments, limits, self._now_ms())
+            if start is not None and start > m.log_start_offset:
+                return False
+        return True
 
     # -- local retention -------------------------------------------------------------------------
 

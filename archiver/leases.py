@@ -43,7 +43,6 @@ from archiver.assignment import Member, Moves, plan_moves
 from manifests import ops
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, StaleTerm
-from manifests.manifest import PartitionManifest
 from manifests.lease import (
     Lease,
     NodeRecord,
@@ -56,6 +55,7 @@ from manifests.lease import (
     write_lease,
     write_node_record,
 )
+from manifests.manifest import PartitionManifest
 from tiered.errors import TieredError
 from tiered.store.base import ObjectStore
 from tiered.store.errors import PreconditionFailed

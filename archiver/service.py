@@ -55,6 +55,7 @@ from archiver.space import (
     PartitionView,
     RetentionLimits,
     SpaceParams,
+    advise,
     disk_alert_state,
     safe_delete_below,
     upload_backlog_bytes,
@@ -545,10 +546,37 @@ class Archiver:
                 log.debug("%s: left out of the backlog: %s", part.tp, err)
         return views
 
+    def _standbys_to_refresh(self, states: list[_Partition], enforcing: bool
+                             ) -> list[_Partition]:
+        """The partitions another node uploads whose committed head local retention needs
+        now: in enforce mode those it would trim if the bucket covered every closed segment,
+        in advise mode those it would warn about if the bucket covered none. A standby whose
+        local log is within its targets costs no request (the head is read only when it
+        could change a decision)."""
+        standby = [s for s in states if not self.ownership.role(s.pid).uploader]
+        if not standby:
+            return []
+        views, _, _ = self._views(standby)
+        if enforcing:
+            views = [replace(v, uploaded_last_offset=v.segments[-1].last_offset)
+                     if v.segments else v for v in views]
+            disk = combined_disk(self.config.log_dirs, self.disk_usage)
+            planned, _ = plan_deletions(views, disk, self.space_params, self._now_ms(),
+                                        cursor=self._space_cursor)
+            wanted = {(t, p) for t, p, _ in planned}
+        else:
+            interval = self.config.cluster_int("cloud_storage_housekeeping_interval_ms")
+            segment = self.config.cluster_int("log_segment_size")
+            views = [replace(v, uploaded_last_offset=None) for v in views]
+            result = advise(views, self._now_ms(), margin_ms=2 * interval,
+                                         margin_bytes=segment)
+            wanted = {(a.topic, a.partition) for a in result if a.at_risk}
+        return [s for s in standby if (s.tp.topic, s.tp.partition) in wanted]
+
     def _refresh_standbys(self, states: list[_Partition]) -> None:
-        """Read the committed head of every partition another node uploads: a standby never
-        commits, so only a fresh read tells it what the bucket covers (what its local
-        retention may delete, what is still pending)."""
+        """Read the committed head of each partition in `states` another node uploads: a
+        standby never commits, so only a fresh read tells it what the bucket covers (what
+        its local retention may delete, what is still pending)."""
         for s in states:
             if self.ownership.role(s.pid).uploader:
                 continue
@@ -612,7 +640,7 @@ class Archiver:
         enforcing = self.config.log_retention_mode == "enforce"
         report = PassReport()
         disk = combined_disk(self.config.log_dirs, self.disk_usage)
-        self._refresh_standbys(states)
+        self._refresh_standbys(self._standbys_to_refresh(states, enforcing))
         with self._all_locked(states):
             views, _, failed = self._views(states)
             now = self._now_ms()

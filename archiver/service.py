@@ -77,7 +77,7 @@ from manifests.lease import PartitionId
 from manifests.manifest import PartitionManifest
 from manifests.spillover import ManifestSettings
 from manifests.topic import TopicManifest, save_topic_manifest
-from tiered.config import Config
+from tiered.config import Config, TopicConfig
 from tiered.errors import TieredError
 from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
 from tiered.kafka.local_log import LocalLog, PartitionLog
@@ -106,6 +106,10 @@ class _Partition:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the manifest term that fenced this writer; it stays out until its own term passes it
     fenced_by: int | None = None
+    #: (log, head ETag, term, decision) when a round last found nothing to upload: while the
+    #: scan keeps the same PartitionLog (nothing rolled, no offset moved), the head and the
+    #: term are the same and no idle upload is due, the next round would decide the same
+    settled: tuple[PartitionLog, str | None, int, str] | None = None
     #: the head's ETag as this process's last full housekeeping left it, when that found
     #: nothing waiting for a later pass (young orphans, a fault): while the cursor still
     #: holds that version and its copy shows nothing due, housekeeping costs no request
@@ -202,10 +206,27 @@ class Archiver:
         self._stats = ArchiverStats(controller_shares=self._ctrl_output.shares)
         #: partitions whose latest housekeeping found history lost (ArchiverStats)
         self._history_lost: set[TopicPartition] = set()
-        self._local = LocalLog(config.log_dirs)
+        #: effective topic settings by topic (the configuration is fixed for the archiver's
+        #: life, and resolving them is most of an idle round's work at thousands of partitions)
+        self._topic_configs: dict[str, TopicConfig | TieredError] = {}
+        # an idle partition's directory is not re-read by a scan, and keeps its PartitionLog
+        self._local = LocalLog(config.log_dirs, reuse_unchanged=True)
         self._adopt()
 
     # -- discovery -------------------------------------------------------------------------------
+
+    def _topic_config(self, topic: str) -> TopicConfig:
+        """`Config.topic_config`, resolved once per topic (its error too)."""
+        got = self._topic_configs.get(topic)
+        if got is None:
+            try:
+                got = self.config.topic_config(topic)
+            except TieredError as err:
+                got = err
+            self._topic_configs[topic] = got
+        if isinstance(got, TieredError):
+            raise got
+        return got
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -214,9 +235,10 @@ class Archiver:
         """Re-read the log dirs: new partitions are adopted, vanished ones dropped, and every
         partition's segments, high watermark and term refreshed."""
         with self._lock:
-            self._local.scan()
+            found = self._local.scan()
             self._adopt()
-            self.facts.forget_missing()
+            if found.removed or found.changed:  # files went: forget what was known of them
+                self.facts.forget_missing(self._partitions)
 
     def _adopt(self) -> None:
         found = {p.tp: p for p in self._local}
@@ -242,7 +264,7 @@ class Archiver:
         out: dict[PartitionId, int] = {}
         for state in self._partitions.values():
             try:
-                if not self.config.topic_config(state.tp.topic).remote_write:
+                if not self._topic_config(state.tp.topic).remote_write:
                     continue
                 hw = state.log.high_watermark
                 out[state.pid] = hw if hw is not None else (state.log.log_end_offset() or 0)
@@ -308,10 +330,39 @@ class Archiver:
         with self._controller_running(), \
                 ThreadPoolExecutor(budget.concurrency, thread_name_prefix="archiver") as parts, \
                 ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="upload") as objects:
-            futures = [parts.submit(one, s, objects.submit) for s in states]
+            now = self._now_ms()
+            settled = {s.tp: s.settled[3] for s in states
+                       if s.settled is not None and self._settled(s, now)}
+            futures = [parts.submit(one, s, objects.submit) for s in states
+                       if s.tp not in settled]
+            # a settled partition's row is its last decision, made again without any work
+            for s in states:
+                if s.tp in settled:
+                    row = PartitionReport(s.tp.topic, s.tp.partition, decision=settled[s.tp])
+                    if after is not None:
+                        after(s, row)
+                    report.partitions.append(row)
             report.partitions.extend(fut.result() for fut in futures)
+        report.partitions.sort(key=lambda r: (r.topic, r.partition))
         self._save_topic_manifests(states, report)
         return report
+
+    def _settled(self, state: _Partition, now_ms: int) -> bool:
+        """Whether a round would decide for `state` what the last one did, with nothing to
+        upload (see `_Partition.settled`); the role is asked as the round would."""
+        settled = state.settled
+        if settled is None or self._rescan:
+            return False
+        log_, etag, term, _ = settled
+        cursor = state.cursor
+        if log_ is not state.log or not cursor.loaded or cursor.etag != etag:
+            return False
+        role = self.ownership.role(state.pid)
+        if not role.uploader or (role.term is not None and role.term != term) or (
+                role.term is None and state.term != term):
+            return False
+        idle_ms = self.upload_params.idle_interval_ms
+        return idle_ms is None or now_ms - cursor.last_upload_ms < idle_ms
 
     @contextmanager
     def _controller_running(self) -> Iterator[None]:
@@ -327,7 +378,7 @@ class Archiver:
         tp = state.tp
         with state.lock:
             try:
-                tc = self.config.topic_config(tp.topic)
+                tc = self._topic_config(tp.topic)
             except TieredError as err:
                 return PartitionReport(tp.topic, tp.partition, decision="error", error=str(err))
             if not tc.remote_write:
@@ -364,6 +415,10 @@ class Archiver:
                 state.target(), self.mstore, state.cursor, snapshot, self.upload_params,
                 self._now_ms(), submit=submit, gate=self._gate,
                 index_interval_bytes=tc.index_interval_bytes)
+            state.settled = None
+            if out.decision in ("up_to_date", "wait") and out.error is None \
+                    and state.cursor.loaded:
+                state.settled = (state.log, state.cursor.etag, state.term, out.decision)
             if out.fenced:
                 state.fenced_by = self._fencing_term(state)
                 self.ownership.lost(state.pid)
@@ -402,7 +457,7 @@ class Archiver:
         for (topic, revision), count in sorted((k, counts[k]) for k in archived):
             try:
                 tm = TopicManifest.from_topic_config(
-                    self.config.topic_config(topic), revision=revision, partition_count=count)
+                    self._topic_config(topic), revision=revision, partition_count=count)
                 if self._topic_manifests.get((topic, revision)) != tm:
                     save_topic_manifest(self.store, tm)
                     self._topic_manifests[topic, revision] = tm
@@ -439,7 +494,7 @@ class Archiver:
         row = PartitionReport(tp.topic, tp.partition, decision="housekept")
         with state.lock:
             try:
-                tc = self.config.topic_config(tp.topic)
+                tc = self._topic_config(tp.topic)
                 if not tc.remote_write or not self._role(state).uploader or (
                         state.fenced_by is not None and state.term <= state.fenced_by):
                     return None, 0
@@ -480,13 +535,12 @@ class Archiver:
         return row, out.deleted_objects
 
     def _quiet(self, state: _Partition, limits: RetentionLimits | None) -> bool:
-        """Whether housekeeping has nothing to do on the partition, known without a request:
-        this process's last full housekeeping found nothing waiting (no young orphans, no
-        fault), the head is still the version it left (every commit of this process moves
-        the cursor's ETag), and that version has nothing due: no replaced segments, no
-        expired archives, nothing remote retention would cut. A head another writer changed
-        meanwhile (a merge) is housekept once this process next commits on it or restarts.
-        Deciding to do nothing needs no fresh read; whatever is done reads afresh."""
+        """Whether housekeeping has nothing to do on the partition, known from one HEAD of the
+        head manifest: this process's last full housekeeping found nothing waiting (no young
+        orphans, no fault), the head in the bucket is still the version it left (same ETag),
+        and that version has nothing due: no replaced segments, no expired archives, nothing
+        remote retention would cut. Deciding to do nothing needs no fuller read; whatever is
+        done reads afresh."""
         cursor = state.cursor
         m = cursor.manifest
         if (m is None or not cursor.loaded or state.housekept_etag is None
@@ -500,7 +554,13 @@ class Archiver:
             start = retention_start_offset(lambda: m.segments, limits, self._now_ms())
             if start is not None and start > m.log_start_offset:
                 return False
-        return True
+        # one HEAD, not the pass's two reads and two listings: a head deleted, garbled or
+        # replaced under this process is housekept in full (restored from its copy, or the
+        # partition stopped) within one pass (docs/format.md, "Losing objects")
+        try:
+            return self.store.head(m.key).etag == cursor.etag
+        except (TieredError, OSError):
+            return False
 
     # -- local retention -------------------------------------------------------------------------
 
@@ -523,7 +583,7 @@ class Archiver:
     def _view(self, part: PartitionLog, cursor: ArchivalCursor | None
               ) -> tuple[PartitionView, LogSnapshot]:
         snap = snapshot_of(part, self.facts)
-        tc = self.config.topic_config(part.topic)
+        tc = self._topic_config(part.topic)
         # the last head this process saw committed, even when due for a re-read: the offsets
         # a committed head covers only grow, so an older copy can only under-state them
         m = cursor.manifest if cursor is not None else None
@@ -581,7 +641,7 @@ class Archiver:
             if self.ownership.role(s.pid).uploader:
                 continue
             try:
-                if not self.config.topic_config(s.tp.topic).remote_write:
+                if not self._topic_config(s.tp.topic).remote_write:
                     continue
                 m, etag = self.mstore.load(s.tp.topic, s.tp.partition, s.revision)
             except (TieredError, OSError) as err:
@@ -603,7 +663,7 @@ class Archiver:
         out: set[tuple[str, int]] = set()
         for s in states:
             if (not self.ownership.role(s.pid).uploader
-                    or not self.config.topic_config(s.tp.topic).remote_write):
+                    or not self._topic_config(s.tp.topic).remote_write):
                 continue
             held = s.cursor.manifest
             if held is None or held.last_offset < 0:
@@ -789,7 +849,7 @@ class Archiver:
     def _uploader(self, state: _Partition) -> tuple[str | None, str]:
         """(node uploading the partition or None, this process's role) for describe-storage."""
         try:
-            if not self.config.topic_config(state.tp.topic).remote_write:
+            if not self._topic_config(state.tp.topic).remote_write:
                 return None, "standby"
         except TieredError:
             return None, "standby"

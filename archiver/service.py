@@ -114,6 +114,8 @@ class _Partition:
     #: nothing waiting for a later pass (young orphans, a fault): while the cursor still
     #: holds that version and its copy shows nothing due, housekeeping costs no request
     housekept_etag: str | None = None
+    #: when (ms) that full housekeeping ran, or the listing that made the partition's head
+    housekept_ms: int = 0
 
     @property
     def tp(self) -> TopicPartition:
@@ -347,6 +349,23 @@ class Archiver:
         self._save_topic_manifests(states, report)
         return report
 
+    @staticmethod
+    def _keep_housekept(state: _Partition, before: str | None, out: UploadOutcome,
+                        now_ms: int) -> None:
+        """After a round: its objects are all named by the head it committed when nothing
+        failed, raced or was left behind, so a partition that had nothing for garbage
+        collection before the round (its last housekeeping found nothing waiting, or the
+        round created the head after a listing that held nothing else) still has nothing
+        (`_quiet`). Any other outcome leaves it to a full housekeeping."""
+        if not out.commits:
+            return
+        carried = before is not None and before == state.housekept_etag
+        clean = out.error is None and not out.conflicts and not out.upload_errors and (
+            out.listed_clean or carried)
+        state.housekept_etag = state.cursor.etag if clean else None
+        if clean and not carried:
+            state.housekept_ms = now_ms
+
     def _settled(self, state: _Partition, now_ms: int) -> bool:
         """Whether a round would decide for `state` what the last one did, with nothing to
         upload (see `_Partition.settled`); the role is asked as the round would."""
@@ -411,10 +430,12 @@ class Archiver:
                 log.log(level, "%s: %s; re-reading the log and the manifest", tp, problem)
                 state.cursor.last_problem = problem
                 return PartitionReport(tp.topic, tp.partition, decision="error", error=problem)
+            before = state.cursor.etag if state.cursor.loaded else None
             out = archive_partition(
                 state.target(), self.mstore, state.cursor, snapshot, self.upload_params,
                 self._now_ms(), submit=submit, gate=self._gate,
                 index_interval_bytes=tc.index_interval_bytes)
+            self._keep_housekept(state, before, out, self._now_ms())
             state.settled = None
             if out.decision in ("up_to_date", "wait") and out.error is None \
                     and state.cursor.loaded:
@@ -502,12 +523,14 @@ class Archiver:
                 limits = None
                 if tc.remote_retention_applies:
                     limits = RetentionLimits(tc.retention_ms, tc.retention_bytes)
-                if self._quiet(state, limits):
-                    return None, 0
+                now = self._now_ms()
                 # from the bucket as it is now, never the cursor's copy: another writer (a
-                # merge, a second daemon) may have committed since the cursor last looked
-                out = self.gc.housekeep(state.target(), term=state.term,
-                                        limits=limits, now_ms=self._now_ms())
+                # merge, a second daemon) may have committed since the cursor last looked;
+                # a quiet partition's copy is only proven unchanged (one HEAD)
+                out = self.gc.housekeep(state.target(), term=state.term, limits=limits,
+                                        now_ms=now, unchanged=self._quiet(state, limits, now))
+                if out.quiet:
+                    return row, 0
             except StaleTerm as err:
                 state.fenced_by = self._fencing_term(state)
                 self.ownership.lost(state.pid)
@@ -525,6 +548,7 @@ class Archiver:
             cursor.manifest, cursor.etag = out.manifest, out.etag
             waiting = out.waiting or out.errors or out.lost_history or out.etag is None
             state.housekept_etag = None if waiting else out.etag
+            state.housekept_ms = now
         self._lost_history(state.tp, out.lost_history)
         with self._lock:
             self._stats.commits_total += out.commits
@@ -534,33 +558,30 @@ class Archiver:
             row.detail = f"remote start offset now {out.new_start_offset}"
         return row, out.deleted_objects
 
-    def _quiet(self, state: _Partition, limits: RetentionLimits | None) -> bool:
-        """Whether housekeeping has nothing to do on the partition, known from one HEAD of the
-        head manifest: this process's last full housekeeping found nothing waiting (no young
-        orphans, no fault), the head in the bucket is still the version it left (same ETag),
-        and that version has nothing due: no replaced segments, no expired archives, nothing
-        remote retention would cut. Deciding to do nothing needs no fuller read; whatever is
-        done reads afresh."""
+    def _quiet(self, state: _Partition, limits: RetentionLimits | None, now_ms: int
+               ) -> tuple[PartitionManifest, str] | None:
+        """The head this process holds when housekeeping has nothing to do on it as long as
+        the bucket still holds that version (`GarbageCollector.housekeep` proves it with one
+        HEAD): the last full housekeeping found nothing waiting (no young orphans, no fault)
+        less than a GC grace period ago and left this version, or every round since only
+        added objects it committed; and the version has nothing due: no replaced segments,
+        no expired archives, nothing remote retention would cut. An orphan another writer
+        left (a fenced holder's late upload, a merge that never committed) waits for the
+        next full pass, at most one grace period away: it could not be collected sooner."""
         cursor = state.cursor
-        m = cursor.manifest
-        if (m is None or not cursor.loaded or state.housekept_etag is None
-                or cursor.etag != state.housekept_etag):
-            return False
+        m, etag = cursor.manifest, cursor.etag
+        if (m is None or etag is None or not cursor.loaded or etag != state.housekept_etag
+                or now_ms - state.housekept_ms >= self.gc.grace_ms):
+            return None
         if m.replaced or ops.expired_archives(m):
-            return False
+            return None
         if limits is not None and (limits.ms is not None or limits.bytes is not None):
             if m.archives:
-                return False  # the history is in archived manifests: read them to decide
-            start = retention_start_offset(lambda: m.segments, limits, self._now_ms())
+                return None  # the history is in archived manifests: read them to decide
+            start = retention_start_offset(lambda: m.segments, limits, now_ms)
             if start is not None and start > m.log_start_offset:
-                return False
-        # one HEAD, not the pass's two reads and two listings: a head deleted, garbled or
-        # replaced under this process is housekept in full (restored from its copy, or the
-        # partition stopped) within one pass (docs/format.md, "Losing objects")
-        try:
-            return self.store.head(m.key).etag == cursor.etag
-        except (TieredError, OSError):
-            return False
+                return None
+        return m, etag
 
     # -- local retention -------------------------------------------------------------------------
 

@@ -195,3 +195,19 @@ def test_a_restart_reads_each_lease_and_head_once_and_writes_nothing(tmp_path: P
     report = again.upload_round()
     assert not any(p.uploaded_segments for p in report.partitions)
     assert per_partition(store.take()) == {("get", "lease"): 1, ("get", "head"): 1}
+
+
+def test_a_one_shot_pass_housekeeps_the_heads_it_created_with_one_head_each(
+        tmp_path: Path) -> None:
+    config, store = setup(tmp_path)
+    archiver = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, archiver)
+    keeper.tick()
+    store.take()
+    report = archiver.run_once()
+    assert report.ok, report.errors
+    seen = per_partition(store.take())
+    # the listing made before creating each head found nothing else there: housekeeping
+    # needs no listing or read of its own, only the HEAD that finds a head lost since
+    assert seen[("list", "partition")] == 2 and seen[("head", "head")] == 1
+    assert ("get", "head") not in seen

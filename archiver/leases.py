@@ -67,8 +67,9 @@ __all__ = ["LeaseKeeper", "LeaseStats", "LeaseView", "Ownership", "Role", "SoleW
 #: attempts to win a generation above a head manifest term that keeps moving
 ACQUIRE_ATTEMPTS = 3
 #: acquisitions in flight at once in one tick: each is two or three requests in series, so
-#: taking 10,000 partitions at start is bound by store latency (32 x ~3 requests in flight)
-ACQUIRE_WORKERS = 32
+#: taking thousands of partitions at start is bound by store latency; within the default
+#: connection pool (cloud_storage_max_connections, 20) beside the archiver's own requests
+ACQUIRE_WORKERS = 16
 
 
 @dataclass(frozen=True)

@@ -411,12 +411,12 @@ class Archiver:
                     tp.topic, tp.partition, decision="fenced",
                     error=f"fenced: the manifest was written by term {state.fenced_by}, this "
                     f"writer has term {state.term}")
-            if not state.cursor.loaded:
-                # the head the lease keeper just read or fenced: no second read of it
-                taken = self.ownership.take_head(state.pid)
-                if taken is not None:
-                    state.cursor.manifest, state.cursor.etag = taken
-                    state.cursor.loaded = True
+            # the head the lease keeper just read or fenced: no second read of it (taken
+            # either way, so a copy the cursor does not need is not kept)
+            taken = self.ownership.take_head(state.pid)
+            if taken is not None and not state.cursor.loaded:
+                state.cursor.manifest, state.cursor.etag = taken
+                state.cursor.loaded = True
             try:
                 snapshot = snapshot_of(state.log, self.facts)
             except (TieredError, OSError) as err:

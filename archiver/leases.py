@@ -55,6 +55,7 @@ from manifests.lease import (
     write_lease,
     write_node_record,
 )
+from manifests.manifest import PartitionManifest
 from tiered.errors import TieredError
 from tiered.store.base import ObjectStore
 from tiered.store.errors import PreconditionFailed
@@ -65,8 +66,10 @@ __all__ = ["LeaseKeeper", "LeaseStats", "LeaseView", "Ownership", "Role", "SoleW
 
 #: attempts to win a generation above a head manifest term that keeps moving
 ACQUIRE_ATTEMPTS = 3
-#: acquisitions in flight at once in one tick
-ACQUIRE_WORKERS = 8
+#: acquisitions in flight at once in one tick: each is two or three requests in series, so
+#: taking thousands of partitions at start is bound by store latency; within the default
+#: connection pool (cloud_storage_max_connections, 20) beside the archiver's own requests
+ACQUIRE_WORKERS = 16
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,11 @@ class Ownership(Protocol):
     def lost(self, pid: PartitionId) -> None:
         """A commit as this partition's lease term was refused as stale: the lease moved."""
 
+    def take_head(self, pid: PartitionId) -> tuple[PartitionManifest, str | None] | None:
+        """The head manifest (and ETag, None: no head) read or committed while taking the
+        partition's lease, handed over once so the first upload round need not read it
+        again; None when there is none."""
+
     def stats(self) -> LeaseStats: ...
 
 
@@ -133,6 +141,9 @@ class SoleWriter:
 
     def lost(self, pid: PartitionId) -> None:
         pass
+
+    def take_head(self, pid: PartitionId) -> tuple[PartitionManifest, str | None] | None:
+        return None
 
     def stats(self) -> LeaseStats:
         return LeaseStats()
@@ -164,6 +175,9 @@ class LeaseView:
 
     def lost(self, pid: PartitionId) -> None:
         self._roles.pop(pid, None)
+
+    def take_head(self, pid: PartitionId) -> tuple[PartitionManifest, str | None] | None:
+        return None
 
     def stats(self) -> LeaseStats:
         return LeaseStats(node=self.node)
@@ -249,6 +263,10 @@ class LeaseKeeper:
         self._waiting_on: set[str] = set()
         #: damaged objects already reported
         self._warned: set[str] = set()
+        #: heads read or committed while taking leases, not yet handed to the archiver
+        self._heads: dict[PartitionId, tuple[PartitionManifest, str | None]] = {}
+        #: the node records have been listed at least once
+        self._listed = False
         #: this node's own record was renewed recently by another process (a daemon beside
         #: an `archive --once`): a passive keeper then leaves the record to it
         self._guest = False
@@ -290,6 +308,17 @@ class LeaseKeeper:
             held = self._state.held.get(pid)
             if held is not None:
                 held.verified = False  # the next tick reads the lease again
+            self._heads.pop(pid, None)
+
+    def take_head(self, pid: PartitionId) -> tuple[PartitionManifest, str | None] | None:
+        with self._lock:
+            return self._heads.pop(pid, None)
+
+    def _keep_head(self, pid: PartitionId, head: PartitionManifest, etag: str | None) -> None:
+        """Keep the head just read or committed under the lease for the first upload round
+        (it commits by compare-and-swap on it, so a copy gone stale costs a lost race)."""
+        with self._lock:
+            self._heads[pid] = (head, etag)
 
     def stats(self) -> LeaseStats:
         with self._lock:
@@ -327,27 +356,31 @@ class LeaseKeeper:
                 log.exception("lease keeper: tick failed")
 
     def stop(self, *, release: bool) -> None:
-        """Stop ticking; with `release`, hand every lease back (free) and delete the node's
-        record, so the others take the partitions over now instead of a lease time later."""
+        """Stop ticking; with `release`, delete the node's record: that releases every lease
+        it holds at once (a lease naming a node whose record is gone is free to take, at a
+        new generation that fences as every takeover does), so the others take the
+        partitions over now instead of a lease time later, in one request however many
+        partitions this node held. The lease objects keep naming this node: its next run
+        goes on under them without a new generation."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=max(10.0, self.lease_s))
         with self._lock:
             self._state.valid_until = float("-inf")  # standby everywhere from here on
+            held = sum(1 for h in self._state.held.values() if h.verified)
+            self._heads.clear()
         if not release:
             return
-        with self._lock:
-            held = list(self._state.held)
-        released = 0
-        for pid in held:
-            released += self._release(pid, reason="shutting down")
-        if released:
-            log.info("released %d upload lease(s) for the other sidecars", released)
         try:
             self._count()
             delete_node_record(self.store, self._node)
         except (TieredError, OSError) as err:
-            log.warning("could not remove the record of node %s: %s", self._node, err)
+            log.warning("could not remove the record of node %s (its %d upload lease(s) pass "
+                        "to the others a lease time from now): %s", self._node, held, err)
+            return
+        if held:
+            log.info("released %d upload lease(s) for the other sidecars by removing the "
+                     "record of node %s", held, self._node)
 
     # -- one tick ----------------------------------------------------------------------------
 
@@ -440,6 +473,7 @@ class LeaseKeeper:
         clean stops, by a missing record), and a read of the records whose contents are due."""
         self._count()
         listed = list(iter_node_records(self.store))
+        self._listed = True
         reads: dict[str, tuple[NodeRecord, str] | None] = {}
         with self._lock:
             for known in self._seen.values():
@@ -452,7 +486,10 @@ class LeaseKeeper:
                     seen.etag, seen.changed_at = etag, now
                 seen.gone = False
                 # each renewal changes a record; its contents matter at most every half
-                # lease, except a node holding what this one is waiting for
+                # lease, except a node holding what this one is waiting for. A daemon never
+                # reads its own (at thousands of partitions, the largest record there is)
+                if node == self._node and not self.passive:
+                    continue
                 if seen.record is None or (seen.read_etag != etag and (
                         now - seen.read_at >= self.lease_s / 2 or node in self._waiting_on)):
                     reads[node] = None
@@ -509,6 +546,10 @@ class LeaseKeeper:
         now = self._clock() if now is None else now
         seen = self._seen.get(node)
         if seen is None:
+            if self.passive and self._listed:
+                # no record: stopped cleanly (which releases its leases), or never started; a
+                # one-shot cannot watch for a lease time and goes by the records it finds
+                return False
             # never listed while we watched: gone once we have watched for a lease time
             return self._watch_start is not None and now - self._watch_start < self.lease_s
         record = seen.record
@@ -659,7 +700,7 @@ class LeaseKeeper:
             self._count()
             head, head_etag = self.mstore.load(pid.topic, pid.partition, pid.revision)
             try:
-                if not self._take(pid, lease, etag, head.term, head_etag is not None):
+                if not self._take(pid, lease, etag, head, head_etag):
                     return 0  # another node won it
             except StaleTerm:
                 continue  # a newer term wrote the head meanwhile: a generation above it
@@ -687,20 +728,22 @@ class LeaseKeeper:
         self._count()
         head, head_etag = self.mstore.load(pid.topic, pid.partition, pid.revision)
         if head.term > lease.generation:
-            return self._take(pid, lease, etag, head.term, True)
+            return self._take(pid, lease, etag, head, head_etag)
         if head.term < lease.generation and (head_etag is not None or lease.generation > 1):
-            self._fence(pid, lease.generation)
+            self._fence(pid, lease.generation, (head, head_etag))
+        else:
+            self._keep_head(pid, head, head_etag)
         with self._lock:
             self._state.held[pid] = _Held(lease.generation)
         return True
 
-    def _take(self, pid: PartitionId, lease: Lease | None, etag: str | None, head_term: int,
-              head_exists: bool) -> bool:
+    def _take(self, pid: PartitionId, lease: Lease | None, etag: str | None,
+              head: PartitionManifest, head_etag: str | None) -> bool:
         """Write this node into the lease at a generation above both the lease's and the head
         manifest's term (compare-and-swap on `etag`), then fence the head with it. False when
         another writer changed the lease first; `StaleTerm` when the head's term passed the
         new generation before the fence (take again, higher)."""
-        generation = max(0 if lease is None else lease.generation, head_term) + 1
+        generation = max(0 if lease is None else lease.generation, head.term) + 1
         try:
             self._count()
             etag = write_lease(self.store, Lease(pid, self._node, generation,
@@ -708,18 +751,23 @@ class LeaseKeeper:
         except PreconditionFailed:
             return False
         # fence only when someone could hold an older term: a lease or a head existed
-        if lease is not None or head_exists:
-            self._fence(pid, generation)
+        if lease is not None or head_etag is not None:
+            self._fence(pid, generation, (head, head_etag))
+        else:
+            self._keep_head(pid, head, head_etag)
         with self._lock:
             self._state.held[pid] = _Held(generation)
         return True
 
-    def _fence(self, pid: PartitionId, generation: int) -> None:
+    def _fence(self, pid: PartitionId, generation: int,
+               start: tuple[PartitionManifest, str | None]) -> None:
         """Commit `generation` as the head manifest's term: from now on every commit by an
-        older term (the previous holder's) is refused."""
+        older term (the previous holder's) is refused. `start`: the head just read (a lost
+        race re-reads it)."""
         self._count()
-        self.mstore.update(pid.topic, pid.partition, pid.revision,
-                           lambda m: edits.with_term(m, generation))
+        done = self.mstore.update(pid.topic, pid.partition, pid.revision,
+                                  lambda m: edits.with_term(m, generation), start=start)
+        self._keep_head(pid, done.manifest, done.etag)
 
 
 @contextlib.contextmanager

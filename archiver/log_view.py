@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 
 from archiver.upload_policy import ActiveSegment, LocalSegment, LogSnapshot
 from tiered.errors import CorruptSegmentError
@@ -21,6 +22,21 @@ class SegmentFacts:
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, int, int], tuple[int, int]] = {}
+        #: the closed segments of each partition as last described, by the PartitionLog they
+        #: were described from: a scan keeps that object only while the directory is unchanged
+        #: (`LocalLog`'s `reuse_unchanged`), and closed segments do not change in place
+        self._closed: dict[object, tuple[PartitionLog, tuple[LocalSegment, ...]]] = {}
+
+    def closed_of(self, part: PartitionLog) -> tuple[LocalSegment, ...]:
+        """The policy's view of `part`'s closed segments, described once per PartitionLog."""
+        known = self._closed.get(part.tp)
+        if known is not None and known[0] is part:
+            return known[1]
+        segs = part.segments
+        closed = tuple(self.local_segment(s, segs[i + 1].base_offset)
+                       for i, s in enumerate(part.closed_segments))
+        self._closed[part.tp] = (part, closed)
+        return closed
 
     def local_segment(self, seg: Segment, next_base: int | None = None) -> LocalSegment:
         """The policy's view of closed segment `seg`. A segment too damaged to read its tail
@@ -51,18 +67,19 @@ class SegmentFacts:
         paths = tuple(str(p) for p in (seg.log_path, seg.index_path, seg.timeindex_path))
         return LocalSegment(seg.base_offset, facts[0], st.st_size, facts[1], paths)
 
-    def forget_missing(self) -> None:
-        """Drop entries of files that are gone (deleted by retention)."""
+    def forget_missing(self, partitions: Collection[object] | None = None) -> None:
+        """Drop entries of files that are gone (deleted by retention), and the closed-segment
+        views of partitions not in `partitions` (when given)."""
         self._known = {k: v for k, v in self._known.items() if os.path.exists(k[0])}
+        if partitions is not None:
+            self._closed = {tp: v for tp, v in self._closed.items() if tp in partitions}
 
 
 def snapshot_of(part: PartitionLog, facts: SegmentFacts) -> LogSnapshot:
     """The partition's log for the upload policy. Without a replication-offset-checkpoint (a
     log written by tiered's own writer, no broker) the log end offset stands in for the high
     watermark: every appended record is then committed."""
-    segs = part.segments
-    closed = tuple(facts.local_segment(s, segs[i + 1].base_offset)
-                   for i, s in enumerate(part.closed_segments))
+    closed = facts.closed_of(part)
     active_seg = part.active_segment
     active = None
     if active_seg is not None:

@@ -49,12 +49,13 @@ from archiver.local_retention import (
 )
 from archiver.log_view import SegmentFacts, snapshot_of
 from archiver.reports import ArchiverStats, PartitionReport, PassReport, storage_row
-from archiver.retention import GarbageCollector
+from archiver.retention import GarbageCollector, retention_start_offset
 from archiver.space import (
     DiskInfo,
     PartitionView,
     RetentionLimits,
     SpaceParams,
+    advise,
     disk_alert_state,
     safe_delete_below,
     upload_backlog_bytes,
@@ -69,13 +70,14 @@ from archiver.uploader import (
     archive_partition,
     head,
 )
+from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, HistoryWithoutHead, ManifestConflict, StaleTerm
 from manifests.lease import PartitionId
 from manifests.manifest import PartitionManifest
 from manifests.spillover import ManifestSettings
 from manifests.topic import TopicManifest, save_topic_manifest
-from tiered.config import Config
+from tiered.config import Config, TopicConfig
 from tiered.errors import TieredError
 from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str
 from tiered.kafka.local_log import LocalLog, PartitionLog
@@ -104,6 +106,16 @@ class _Partition:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the manifest term that fenced this writer; it stays out until its own term passes it
     fenced_by: int | None = None
+    #: (log, head ETag, term, decision) when a round last found nothing to upload: while the
+    #: scan keeps the same PartitionLog (nothing rolled, no offset moved), the head and the
+    #: term are the same and no idle upload is due, the next round would decide the same
+    settled: tuple[PartitionLog, str | None, int, str] | None = None
+    #: the head's ETag as this process's last full housekeeping left it, when that found
+    #: nothing waiting for a later pass (young orphans, a fault): while the cursor still
+    #: holds that version and its copy shows nothing due, housekeeping costs no request
+    housekept_etag: str | None = None
+    #: when (ms) that full housekeeping ran, or the listing that made the partition's head
+    housekept_ms: int = 0
 
     @property
     def tp(self) -> TopicPartition:
@@ -196,10 +208,27 @@ class Archiver:
         self._stats = ArchiverStats(controller_shares=self._ctrl_output.shares)
         #: partitions whose latest housekeeping found history lost (ArchiverStats)
         self._history_lost: set[TopicPartition] = set()
-        self._local = LocalLog(config.log_dirs)
+        #: effective topic settings by topic (the configuration is fixed for the archiver's
+        #: life, and resolving them is most of an idle round's work at thousands of partitions)
+        self._topic_configs: dict[str, TopicConfig | TieredError] = {}
+        # an idle partition's directory is not re-read by a scan, and keeps its PartitionLog
+        self._local = LocalLog(config.log_dirs, reuse_unchanged=True)
         self._adopt()
 
     # -- discovery -------------------------------------------------------------------------------
+
+    def _topic_config(self, topic: str) -> TopicConfig:
+        """`Config.topic_config`, resolved once per topic (its error too)."""
+        got = self._topic_configs.get(topic)
+        if got is None:
+            try:
+                got = self.config.topic_config(topic)
+            except TieredError as err:
+                got = err
+            self._topic_configs[topic] = got
+        if isinstance(got, TieredError):
+            raise got
+        return got
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -208,9 +237,10 @@ class Archiver:
         """Re-read the log dirs: new partitions are adopted, vanished ones dropped, and every
         partition's segments, high watermark and term refreshed."""
         with self._lock:
-            self._local.scan()
+            found = self._local.scan()
             self._adopt()
-            self.facts.forget_missing()
+            if found.removed or found.changed:  # files went: forget what was known of them
+                self.facts.forget_missing(self._partitions)
 
     def _adopt(self) -> None:
         found = {p.tp: p for p in self._local}
@@ -236,7 +266,7 @@ class Archiver:
         out: dict[PartitionId, int] = {}
         for state in self._partitions.values():
             try:
-                if not self.config.topic_config(state.tp.topic).remote_write:
+                if not self._topic_config(state.tp.topic).remote_write:
                     continue
                 hw = state.log.high_watermark
                 out[state.pid] = hw if hw is not None else (state.log.log_end_offset() or 0)
@@ -302,10 +332,56 @@ class Archiver:
         with self._controller_running(), \
                 ThreadPoolExecutor(budget.concurrency, thread_name_prefix="archiver") as parts, \
                 ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="upload") as objects:
-            futures = [parts.submit(one, s, objects.submit) for s in states]
+            now = self._now_ms()
+            settled = {s.tp: s.settled[3] for s in states
+                       if s.settled is not None and self._settled(s, now)}
+            futures = [parts.submit(one, s, objects.submit) for s in states
+                       if s.tp not in settled]
+            # a settled partition's row is its last decision, made again without any work
+            for s in states:
+                if s.tp in settled:
+                    row = PartitionReport(s.tp.topic, s.tp.partition, decision=settled[s.tp])
+                    if after is not None:
+                        after(s, row)
+                    report.partitions.append(row)
             report.partitions.extend(fut.result() for fut in futures)
+        report.partitions.sort(key=lambda r: (r.topic, r.partition))
         self._save_topic_manifests(states, report)
         return report
+
+    @staticmethod
+    def _keep_housekept(state: _Partition, before: str | None, out: UploadOutcome,
+                        now_ms: int) -> None:
+        """After a round: its objects are all named by the head it committed when nothing
+        failed, raced or was left behind, so a partition that had nothing for garbage
+        collection before the round (its last housekeeping found nothing waiting, or the
+        round created the head after a listing that held nothing else) still has nothing
+        (`_quiet`). Any other outcome leaves it to a full housekeeping."""
+        if not out.commits:
+            return
+        carried = before is not None and before == state.housekept_etag
+        clean = out.error is None and not out.conflicts and not out.upload_errors and (
+            out.listed_clean or carried)
+        state.housekept_etag = state.cursor.etag if clean else None
+        if clean and not carried:
+            state.housekept_ms = now_ms
+
+    def _settled(self, state: _Partition, now_ms: int) -> bool:
+        """Whether a round would decide for `state` what the last one did, with nothing to
+        upload (see `_Partition.settled`); the role is asked as the round would."""
+        settled = state.settled
+        if settled is None or self._rescan:
+            return False
+        log_, etag, term, _ = settled
+        cursor = state.cursor
+        if log_ is not state.log or not cursor.loaded or cursor.etag != etag:
+            return False
+        role = self.ownership.role(state.pid)
+        if not role.uploader or (role.term is not None and role.term != term) or (
+                role.term is None and state.term != term):
+            return False
+        idle_ms = self.upload_params.idle_interval_ms
+        return idle_ms is None or now_ms - cursor.last_upload_ms < idle_ms
 
     @contextmanager
     def _controller_running(self) -> Iterator[None]:
@@ -321,7 +397,7 @@ class Archiver:
         tp = state.tp
         with state.lock:
             try:
-                tc = self.config.topic_config(tp.topic)
+                tc = self._topic_config(tp.topic)
             except TieredError as err:
                 return PartitionReport(tp.topic, tp.partition, decision="error", error=str(err))
             if not tc.remote_write:
@@ -335,6 +411,12 @@ class Archiver:
                     tp.topic, tp.partition, decision="fenced",
                     error=f"fenced: the manifest was written by term {state.fenced_by}, this "
                     f"writer has term {state.term}")
+            # the head the lease keeper just read or fenced: no second read of it (taken
+            # either way, so a copy the cursor does not need is not kept)
+            taken = self.ownership.take_head(state.pid)
+            if taken is not None and not state.cursor.loaded:
+                state.cursor.manifest, state.cursor.etag = taken
+                state.cursor.loaded = True
             try:
                 snapshot = snapshot_of(state.log, self.facts)
             except (TieredError, OSError) as err:
@@ -348,11 +430,17 @@ class Archiver:
                 log.log(level, "%s: %s; re-reading the log and the manifest", tp, problem)
                 state.cursor.last_problem = problem
                 return PartitionReport(tp.topic, tp.partition, decision="error", error=problem)
+            before = state.cursor.etag if state.cursor.loaded else None
             out = archive_partition(
                 state.target(), self.mstore, state.cursor, snapshot, self.upload_params,
                 self._now_ms(), submit=submit, gate=self._gate,
                 index_interval_bytes=tc.index_interval_bytes,
                 compacted="compact" in tc.cleanup_policy.split(","))
+            self._keep_housekept(state, before, out, self._now_ms())
+            state.settled = None
+            if out.decision in ("up_to_date", "wait") and out.error is None \
+                    and state.cursor.loaded:
+                state.settled = (state.log, state.cursor.etag, state.term, out.decision)
             if out.fenced:
                 state.fenced_by = self._fencing_term(state)
                 self.ownership.lost(state.pid)
@@ -391,7 +479,7 @@ class Archiver:
         for (topic, revision), count in sorted((k, counts[k]) for k in archived):
             try:
                 tm = TopicManifest.from_topic_config(
-                    self.config.topic_config(topic), revision=revision, partition_count=count)
+                    self._topic_config(topic), revision=revision, partition_count=count)
                 if self._topic_manifests.get((topic, revision)) != tm:
                     save_topic_manifest(self.store, tm)
                     self._topic_manifests[topic, revision] = tm
@@ -428,7 +516,7 @@ class Archiver:
         row = PartitionReport(tp.topic, tp.partition, decision="housekept")
         with state.lock:
             try:
-                tc = self.config.topic_config(tp.topic)
+                tc = self._topic_config(tp.topic)
                 if not tc.remote_write or not self._role(state).uploader or (
                         state.fenced_by is not None and state.term <= state.fenced_by):
                     return None, 0
@@ -436,10 +524,14 @@ class Archiver:
                 limits = None
                 if tc.remote_retention_applies:
                     limits = RetentionLimits(tc.retention_ms, tc.retention_bytes)
+                now = self._now_ms()
                 # from the bucket as it is now, never the cursor's copy: another writer (a
-                # merge, a second daemon) may have committed since the cursor last looked
-                out = self.gc.housekeep(state.target(), term=state.term,
-                                        limits=limits, now_ms=self._now_ms())
+                # merge, a second daemon) may have committed since the cursor last looked;
+                # a quiet partition's copy is only proven unchanged (one HEAD)
+                out = self.gc.housekeep(state.target(), term=state.term, limits=limits,
+                                        now_ms=now, unchanged=self._quiet(state, limits, now))
+                if out.quiet:
+                    return row, 0
             except StaleTerm as err:
                 state.fenced_by = self._fencing_term(state)
                 self.ownership.lost(state.pid)
@@ -455,6 +547,9 @@ class Archiver:
                 row.decision, row.error = "error", f"{type(err).__name__}: {err}"
                 return row, 0
             cursor.manifest, cursor.etag = out.manifest, out.etag
+            waiting = out.waiting or out.errors or out.lost_history or out.etag is None
+            state.housekept_etag = None if waiting else out.etag
+            state.housekept_ms = now
         self._lost_history(state.tp, out.lost_history)
         with self._lock:
             self._stats.commits_total += out.commits
@@ -463,6 +558,31 @@ class Archiver:
         if out.new_start_offset is not None:
             row.detail = f"remote start offset now {out.new_start_offset}"
         return row, out.deleted_objects
+
+    def _quiet(self, state: _Partition, limits: RetentionLimits | None, now_ms: int
+               ) -> tuple[PartitionManifest, str] | None:
+        """The head this process holds when housekeeping has nothing to do on it as long as
+        the bucket still holds that version (`GarbageCollector.housekeep` proves it with one
+        HEAD): the last full housekeeping found nothing waiting (no young orphans, no fault)
+        less than a GC grace period ago and left this version, or every round since only
+        added objects it committed; and the version has nothing due: no replaced segments,
+        no expired archives, nothing remote retention would cut. An orphan another writer
+        left (a fenced holder's late upload, a merge that never committed) waits for the
+        next full pass, at most one grace period away: it could not be collected sooner."""
+        cursor = state.cursor
+        m, etag = cursor.manifest, cursor.etag
+        if (m is None or etag is None or not cursor.loaded or etag != state.housekept_etag
+                or now_ms - state.housekept_ms >= self.gc.grace_ms):
+            return None
+        if m.replaced or edits.expired_archives(m):
+            return None
+        if limits is not None and (limits.ms is not None or limits.bytes is not None):
+            if m.archives:
+                return None  # the history is in archived manifests: read them to decide
+            start = retention_start_offset(lambda: m.segments, limits, now_ms)
+            if start is not None and start > m.log_start_offset:
+                return None
+        return m, etag
 
     # -- local retention -------------------------------------------------------------------------
 
@@ -485,7 +605,7 @@ class Archiver:
     def _view(self, part: PartitionLog, cursor: ArchivalCursor | None
               ) -> tuple[PartitionView, LogSnapshot]:
         snap = snapshot_of(part, self.facts)
-        tc = self.config.topic_config(part.topic)
+        tc = self._topic_config(part.topic)
         # the last head this process saw committed, even when due for a re-read: the offsets
         # a committed head covers only grow, so an older copy can only under-state them
         m = cursor.manifest if cursor is not None else None
@@ -508,15 +628,42 @@ class Archiver:
                 log.debug("%s: left out of the backlog: %s", part.tp, err)
         return views
 
+    def _standbys_to_refresh(self, states: list[_Partition], enforcing: bool
+                             ) -> list[_Partition]:
+        """The partitions another node uploads whose committed head local retention needs
+        now: in enforce mode those it would trim if the bucket covered every closed segment,
+        in advise mode those it would warn about if the bucket covered none. A standby whose
+        local log is within its targets costs no request (the head is read only when it
+        could change a decision)."""
+        standby = [s for s in states if not self.ownership.role(s.pid).uploader]
+        if not standby:
+            return []
+        views, _, _ = self._views(standby)
+        if enforcing:
+            views = [replace(v, uploaded_last_offset=v.segments[-1].last_offset)
+                     if v.segments else v for v in views]
+            disk = combined_disk(self.config.log_dirs, self.disk_usage)
+            planned, _ = plan_deletions(views, disk, self.space_params, self._now_ms(),
+                                        cursor=self._space_cursor)
+            wanted = {(t, p) for t, p, _ in planned}
+        else:
+            interval = self.config.cluster_int("cloud_storage_housekeeping_interval_ms")
+            segment = self.config.cluster_int("log_segment_size")
+            views = [replace(v, uploaded_last_offset=None) for v in views]
+            result = advise(views, self._now_ms(), margin_ms=2 * interval,
+                                         margin_bytes=segment)
+            wanted = {(a.topic, a.partition) for a in result if a.at_risk}
+        return [s for s in standby if (s.tp.topic, s.tp.partition) in wanted]
+
     def _refresh_standbys(self, states: list[_Partition]) -> None:
-        """Read the committed head of every partition another node uploads: a standby never
-        commits, so only a fresh read tells it what the bucket covers (what its local
-        retention may delete, what is still pending)."""
+        """Read the committed head of each partition in `states` another node uploads: a
+        standby never commits, so only a fresh read tells it what the bucket covers (what
+        its local retention may delete, what is still pending)."""
         for s in states:
             if self.ownership.role(s.pid).uploader:
                 continue
             try:
-                if not self.config.topic_config(s.tp.topic).remote_write:
+                if not self._topic_config(s.tp.topic).remote_write:
                     continue
                 m, etag = self.mstore.load(s.tp.topic, s.tp.partition, s.revision)
             except (TieredError, OSError) as err:
@@ -538,7 +685,7 @@ class Archiver:
         out: set[tuple[str, int]] = set()
         for s in states:
             if (not self.ownership.role(s.pid).uploader
-                    or not self.config.topic_config(s.tp.topic).remote_write):
+                    or not self._topic_config(s.tp.topic).remote_write):
                 continue
             held = s.cursor.manifest
             if held is None or held.last_offset < 0:
@@ -575,7 +722,7 @@ class Archiver:
         enforcing = self.config.log_retention_mode == "enforce"
         report = PassReport()
         disk = combined_disk(self.config.log_dirs, self.disk_usage)
-        self._refresh_standbys(states)
+        self._refresh_standbys(self._standbys_to_refresh(states, enforcing))
         with self._all_locked(states):
             views, _, failed = self._views(states)
             now = self._now_ms()
@@ -725,7 +872,7 @@ class Archiver:
     def _uploader(self, state: _Partition) -> tuple[str | None, str]:
         """(node uploading the partition or None, this process's role) for describe-storage."""
         try:
-            if not self.config.topic_config(state.tp.topic).remote_write:
+            if not self._topic_config(state.tp.topic).remote_write:
                 return None, "standby"
         except TieredError:
             return None, "standby"

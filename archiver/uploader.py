@@ -120,6 +120,9 @@ class UploadOutcome:
     upload_errors: int = 0
     fenced: bool = False
     committed_keys: list[str] = field(default_factory=list)
+    #: the round created the head after a listing of the partition that held nothing the
+    #: new head does not name (`CommitResult.unnamed`)
+    listed_clean: bool = False
 
 
 # -- verification and object bytes ------------------------------------------------------------
@@ -571,5 +574,6 @@ def _commit(target: PartitionTarget, mstore: ManifestStore, cursor: ArchivalCurs
         cursor.loaded = False  # whatever happened, the next round starts from the bucket
     cursor.manifest, cursor.etag, cursor.loaded = done.manifest, done.etag, True
     out.commits += 1
+    out.listed_clean = done.unnamed == 0
     out.committed_keys = [done.manifest.segment_key(s) for s in committed]
     return committed

@@ -146,6 +146,9 @@ class Collected:
     skipped: str | None = None
     #: history below the head's start that no record explains: nothing was collected
     anomaly: str | None = None
+    #: unreferenced objects a later pass may collect: too young yet, or deferred by a lost
+    #: race for the cutoff commit
+    pending: int = 0
 
 
 def referenced_data_names(mstore: ManifestStore, m: PartitionManifest) -> set[str]:
@@ -206,7 +209,7 @@ def collect_orphans(
     by_cutoff: list[ObjectInfo] = []
     history: list[str] = []
     for info in listing:
-        if info.key in referenced or info.last_modified > old_enough:
+        if info.key in referenced:
             continue
         if only is not None and info.key not in only:
             continue
@@ -214,6 +217,10 @@ def collect_orphans(
             verdict = data_verdict(info.key[len(data_prefix):], head)
         else:
             verdict = archive_verdict(info.key[len(meta_prefix):], head)
+        if info.last_modified > old_enough:
+            # the head and its copies (kept, under the meta prefix) are never collected
+            out.pending += verdict is not Verdict.KEEP or info.key.startswith(data_prefix)
+            continue
         if verdict is Verdict.HISTORY:
             history.append(info.key)
         elif verdict is Verdict.DEAD:
@@ -244,6 +251,7 @@ def collect_orphans(
             except (ManifestConflict, StaleTerm) as exc:
                 for info in by_cutoff:
                     out.deferred[info.key] = f"the manifest changed during collection ({exc})"
+                out.pending += len(by_cutoff)
                 by_cutoff = []
     doomed = dead + [info.key for info in by_cutoff]
     if doomed:

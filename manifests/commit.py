@@ -87,6 +87,10 @@ class CommitResult:
     etag: str
     #: archived manifests uploaded for this commit, in upload order
     archived_keys: tuple[str, ...] = field(default=())
+    #: when this commit created the head: how many objects the listing made first found
+    #: under the partition's prefixes that garbage collection could take and the new head
+    #: does not name; 0: the head names all of them. None: no listing was made
+    unnamed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ class Updated:
     #: commit attempts made (1 when the first one won its race)
     attempts: int = 1
     archived_keys: tuple[str, ...] = ()
+    #: see `CommitResult.unnamed`
+    unnamed: int | None = None
 
 
 class ArchivedObject(NamedTuple):
@@ -197,8 +203,9 @@ class ManifestStore:
         `InvalidUpdate` for a manifest that breaks an invariant."""
         key = manifest.key
         base_sequence = 0
+        listed: set[str] | None = None
         if expected_etag is None:
-            self._guard_fresh_head(manifest)
+            listed = self._guard_fresh_head(manifest)
         if expected_etag is not None:
             base_term, base_sequence = self._base_version(manifest, expected_etag)
             if base_term > manifest.term:
@@ -225,7 +232,12 @@ class ManifestStore:
         self._keep_copy(new, data)
         for upload in plan.uploads:
             self.cache.put(upload.key, upload.manifest)
-        return CommitResult(new, etag, tuple(u.key for u in plan.uploads))
+        unnamed = None
+        if listed is not None:
+            unnamed = len(_collectable(new, listed) - {u.key for u in plan.uploads} - {
+                keys.object_key(new.topic, new.partition, new.revision, name)
+                for seg in new.segments for name in keys.with_indexes(seg.object_name)})
+        return CommitResult(new, etag, tuple(u.key for u in plan.uploads), unnamed)
 
     # -- losing the head: copies, restore, refusal (docs/format.md, "Losing objects") -----
 
@@ -285,11 +297,12 @@ class ManifestStore:
             keys.partition_meta_prefix(topic, partition, revision))}
         return self._restore_from_copy(key, listing | meta, meta, over=etag)
 
-    def _guard_fresh_head(self, manifest: PartitionManifest) -> None:
+    def _guard_fresh_head(self, manifest: PartitionManifest) -> set[str]:
         """Before creating a head where none is stored: restore the newest copy that the
         bucket proves complete (then `ManifestConflict` carries it, so `update` re-applies its
         change on top), or refuse with `HistoryWithoutHead` when objects of ours lie below the
-        new head's start. A partition whose prefixes hold nothing of ours starts afresh."""
+        new head's start. A partition whose prefixes hold nothing of ours starts afresh.
+        Returns the keys listed under both prefixes."""
         data_prefix = keys.partition_data_prefix(manifest.topic, manifest.partition,
                                                  manifest.revision)
         meta_prefix = keys.partition_meta_prefix(manifest.topic, manifest.partition,
@@ -297,7 +310,8 @@ class ManifestStore:
         listing = {i.key for i in self.store.list(data_prefix)}
         meta = {i.key for i in self.store.list(meta_prefix)}
         if manifest.key in meta:
-            return  # a head is there after all: the create below loses its race as it should
+            # a head is there after all: the create below loses its race as it should
+            return listing | meta
         restored = self._restore_from_copy(manifest.key, listing | meta, meta)
         if restored is not None:
             raise ManifestConflict(manifest.key, *restored)
@@ -309,6 +323,7 @@ class ManifestStore:
             detail = (f"{len(below)} object(s) below offset {manifest.log_start_offset}, e.g. "
                       f"{below[0]}" if below else f"copies that do not restore: {copies[0]}")
             raise HistoryWithoutHead(manifest.key, detail, manifest.topic)
+        return listing | meta
 
     def _restore_from_copy(self, key: str, present: set[str], meta: set[str], *,
                            over: str | None = None) -> tuple[PartitionManifest, str] | None:
@@ -401,7 +416,8 @@ class ManifestStore:
                 # a newer term wrote since `m` was read: re-apply on the fresh head, where a
                 # change that writes as a term (`edits.with_term`) raises StaleTerm itself
                 raise ManifestConflict(fenced.key, None, None) from fenced
-            return Updated(result.manifest, result.etag, True, archived_keys=result.archived_keys)
+            return Updated(result.manifest, result.etag, True, archived_keys=result.archived_keys,
+                           unnamed=result.unnamed)
 
         try:
             done = retry_conflicts(attempt, conflict=ManifestConflict,
@@ -559,6 +575,16 @@ class ManifestStore:
             if keys.parse_archived_manifest_name(info.key[len(prefix) :]) is not None
             and info.key not in referenced
         ]
+
+
+def _collectable(m: PartitionManifest, listed: set[str]) -> set[str]:
+    """The keys of `listed` garbage collection could ever take for `m`'s partition: all under
+    its data prefix, and the archived manifests under its meta prefix (the head, its copies
+    and the lease are never collected)."""
+    data = keys.partition_data_prefix(m.topic, m.partition, m.revision)
+    meta = keys.partition_meta_prefix(m.topic, m.partition, m.revision)
+    return {k for k in listed if k.startswith(data) or (
+        k.startswith(meta) and keys.parse_archived_manifest_name(k[len(meta):]) is not None)}
 
 
 def _starts_below(name: str, offset: int) -> bool:

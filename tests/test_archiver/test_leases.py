@@ -154,12 +154,34 @@ def test_a_clean_stop_releases_so_the_others_take_over_at_once(
         store: ObjectStore, clock: Clock, make: Callable[..., LeaseKeeper]) -> None:
     a, b = make("a"), make("b")
     settle(clock, [a, b])
+    mine = sorted(a.holdings())
+    assert mine
+    before = a.stats().requests_total
     a.stop(release=True)
-    assert all(holders(store)[p] in (None, "b") for p in PARTS)
-    assert read_node_record(store, "a") is None  # its record is gone with it
+    # one request however many leases it held: deleting its record releases them all
+    assert a.stats().requests_total - before == 1
+    assert read_node_record(store, "a") is None
+    assert not any(a.role(p).uploader for p in PARTS)
     b.tick()  # no lease time to wait: b's listing shows a gone
     assert len(b.holdings()) == len(PARTS)
-    assert b.stats().taken_over_total == 0
+    assert b.stats().taken_over_total == len(mine)
+    assert all(holders(store)[p] == "b" for p in PARTS)
+    # and what a held is fenced: a commit as a's old generation is refused
+    mstore = ManifestStore(store)
+    p = mine[0]
+    with pytest.raises(StaleTerm):
+        mstore.update(p.topic, p.partition, p.revision, lambda m: edits.with_term(m, 1))
+
+
+def test_a_node_restarting_after_a_clean_stop_keeps_its_leases_and_generations(
+        store: ObjectStore, clock: Clock, make: Callable[..., LeaseKeeper]) -> None:
+    a = make("a")
+    settle(clock, [a])
+    held = a.holdings()
+    a.stop(release=True)
+    again = make("a")
+    again.tick()
+    assert again.holdings() == held  # the same generations: nothing to fence, no new term
 
 
 def test_a_holder_whose_replica_falls_behind_hands_over(

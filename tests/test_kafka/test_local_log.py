@@ -179,3 +179,44 @@ def test_a_stray_directory_is_reported_once_per_process(
     loud = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert len([r for r in loud if "lost+found" in r.getMessage()]) == 1
     assert len([r for r in loud if "-delete" in r.getMessage()]) == 1
+
+
+def _age(directory: Path, seconds: float = 10.0) -> None:
+    """Set a directory's mtime back, out of the window a scan re-reads whatever it says."""
+    import os
+    import time
+
+    past = time.time() - seconds
+    os.utime(directory, (past, past))
+
+
+def test_a_reusing_scan_keeps_an_unchanged_partition_and_rereads_a_changed_one(
+        tmp_path: Path) -> None:
+    root = tmp_path / "logs"
+    fill(root / "orders-0", 12)
+    fill(root / "orders-1", 12)
+    write_high_watermarks(root, {TopicPartition("orders", 0): 5,
+                                 TopicPartition("orders", 1): 5}, fsync=False)
+    for p in (0, 1):
+        _age(root / f"orders-{p}")
+    local = LocalLog([root], reuse_unchanged=True)
+    first = dict(local.partitions)
+    local.scan()
+    # nothing moved: the very same objects, no file of theirs read again
+    assert all(local.partitions[tp] is part for tp, part in first.items())
+    # a roll in orders-1 moves its directory's mtime; a new high watermark for orders-0 only
+    # moves a checkpoint in the log dir
+    segments = len(first[TopicPartition("orders", 1)].segments)
+    fill(root / "orders-1", 12)
+    write_high_watermarks(root, {TopicPartition("orders", 0): 9,
+                                 TopicPartition("orders", 1): 5}, fsync=False)
+    local.scan()
+    zero, one = local.partitions[TopicPartition("orders", 0)], \
+        local.partitions[TopicPartition("orders", 1)]
+    assert zero.high_watermark == 9 and zero.segments is first[TopicPartition("orders", 0)].segments
+    assert len(one.segments) > segments
+    # without reuse every scan reads every directory again
+    plain = LocalLog([root])
+    before = dict(plain.partitions)
+    plain.scan()
+    assert all(plain.partitions[tp] is not part for tp, part in before.items())

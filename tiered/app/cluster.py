@@ -55,6 +55,9 @@ def leases_for(archiver: Archiver, keeper: LeaseKeeper | None, *, release: bool
         yield None
         return
     keeper.bind(archiver.idle)
+    # one manifest store: the heads the keeper reads and fences while taking leases are the
+    # versions the archiver's first commits replace (no re-read to learn their terms)
+    keeper.mstore = archiver.mstore
     archiver.ownership = keeper
     archiver.ownership.publish(archiver.replicas())
     log.info("upload leases: node %s, lease %d ms%s", keeper.node, keeper.lease_ms,

@@ -148,7 +148,7 @@ class ArchiverCollector(Collector):
 LEASE_HANDOVERS: dict[str, tuple[str, str]] = {
     "acquired_total": ("acquired", "a free lease, or this node's own, taken"),
     "taken_over_total": ("taken_over", "taken from a node that stopped renewing"),
-    "released_total": ("released", "handed over to another node, or released at shutdown"),
+    "released_total": ("released", "handed over to another node"),
     "lost_total": ("lost", "found taken by another node"),
 }
 

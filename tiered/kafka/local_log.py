@@ -20,9 +20,11 @@ A scan is a snapshot; `LocalLog.scan()` refreshes it while the broker keeps writ
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -150,14 +152,30 @@ class _DirCheckpoints:
     problems: list[str]
 
 
-class LocalLog:
-    """Every partition in a set of Kafka log dirs; `scan()` refreshes the snapshot."""
+#: a partition directory modified this recently (ns) is re-read whatever its mtime says: a
+#: change in the same clock tick as the last look would not move the mtime
+RACY_MTIME_NS = 2_000_000_000
 
-    def __init__(self, log_dirs: Sequence[str | os.PathLike[str]]) -> None:
+
+class LocalLog:
+    """Every partition in a set of Kafka log dirs; `scan()` refreshes the snapshot.
+
+    `reuse_unchanged`: a scan keeps the `PartitionLog` of a partition directory whose
+    modification time has not moved (no segment rolled, deleted or renamed, no checkpoint of
+    its own rewritten: the broker writes those by rename) and only takes its new offsets from
+    the log dir's checkpoints, so a scan of thousands of idle partitions costs a directory
+    listing and a `stat` each rather than reading every partition's files. An unchanged
+    partition then keeps the very same object, which callers may use to skip work."""
+
+    def __init__(self, log_dirs: Sequence[str | os.PathLike[str]], *,
+                 reuse_unchanged: bool = False) -> None:
         if isinstance(log_dirs, (str, os.PathLike)):
             raise TypeError("log_dirs is a sequence of directories, not one path")
         self.log_dirs = tuple(Path(d) for d in log_dirs)
         self.partitions: dict[TopicPartition, PartitionLog] = {}
+        self._reuse = reuse_unchanged
+        #: partition dir -> (its mtime in ns when last read, what was read)
+        self._read: dict[Path, tuple[int, PartitionLog]] = {}
         self.scan()
 
     def __iter__(self) -> Iterator[PartitionLog]:
@@ -180,8 +198,9 @@ class LocalLog:
         """Re-read every log dir; returns which partitions appeared, vanished or changed."""
         found: dict[TopicPartition, PartitionLog] = {}
         duplicates: set[TopicPartition] = set()
+        seen: dict[Path, tuple[int, PartitionLog]] | None = {} if self._reuse else None
         for log_dir in self.log_dirs:
-            for part in _scan_log_dir(log_dir):
+            for part in _scan_log_dir(log_dir, self._read if self._reuse else None, seen):
                 if part.tp in found:
                     log.error("partition %s is in two log dirs (%s and %s); skipping it",
                               part.tp, found[part.tp].dir, part.dir)
@@ -190,6 +209,8 @@ class LocalLog:
                     found[part.tp] = part
         for tp in duplicates:
             del found[tp]
+        if seen is not None:
+            self._read = seen
         old = self.partitions
         self.partitions = found
         return ScanResult(
@@ -242,13 +263,19 @@ def _skipping(path: str, reason: str, level: int) -> None:
     log.log(level if first else logging.DEBUG, "%s: %s; skipping", path, reason)
 
 
-def _scan_log_dir(log_dir: Path) -> Iterator[PartitionLog]:
+def _scan_log_dir(log_dir: Path, previous: dict[Path, tuple[int, PartitionLog]] | None = None,
+                  seen: dict[Path, tuple[int, PartitionLog]] | None = None
+                  ) -> Iterator[PartitionLog]:
+    """The partitions of one log dir. With `previous` (see `LocalLog`'s `reuse_unchanged`),
+    a directory whose mtime is what it was when last read, and not recent, is not read
+    again; `seen` collects what this scan found for the next one."""
     try:
         entries = sorted(os.scandir(log_dir), key=lambda e: e.name)
     except OSError as err:
         log.error("log dir %s is unreadable (%s); skipping it", log_dir, err)
         return
     checkpoints = _read_dir_checkpoints(log_dir)
+    now_ns = time.time_ns()
     for entry in entries:
         name = entry.name
         try:
@@ -269,7 +296,36 @@ def _scan_log_dir(log_dir: Path) -> Iterator[PartitionLog]:
         except InvalidTopicPartition as err:
             _skipping(entry.path, f"not a partition directory ({err})", logging.WARNING)
             continue
-        yield _load_partition(tp, Path(entry.path), checkpoints)
+        directory = Path(entry.path)
+        if previous is None or seen is None:
+            yield _load_partition(tp, directory, checkpoints)
+            continue
+        try:
+            mtime_ns = entry.stat().st_mtime_ns
+        except OSError:
+            mtime_ns = -1
+        known = previous.get(directory)
+        if known is not None and known[0] == mtime_ns and now_ns - mtime_ns > RACY_MTIME_NS \
+                and not checkpoints.problems and not known[1].problems:
+            part = _with_offsets(known[1], checkpoints)
+        else:
+            part = _load_partition(tp, directory, checkpoints)
+        seen[directory] = (mtime_ns, part)
+        yield part
+
+
+def _with_offsets(part: PartitionLog, dir_state: _DirCheckpoints) -> PartitionLog:
+    """`part` with the offsets the log dir's checkpoints now give it (the same object when
+    none moved)."""
+    hws = dir_state.high_watermarks
+    hw = None if hws is None else hws.get(part.tp)
+    start = dir_state.log_start_offsets.get(part.tp)
+    recovery = dir_state.recovery_points.get(part.tp)
+    if (hw, start, recovery) == (part.high_watermark, part.checkpointed_log_start_offset,
+                                 part.recovery_point):
+        return part
+    return dataclasses.replace(part, high_watermark=hw, checkpointed_log_start_offset=start,
+                               recovery_point=recovery)
 
 
 def _load_partition(tp: TopicPartition, directory: Path, dir_state: _DirCheckpoints

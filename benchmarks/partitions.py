@@ -1,0 +1,351 @@
+"""Thousands of partitions on one sidecar: requests, idle cost, start, stop and throughput.
+
+For each partition count (`--counts`, default 1000 5000 10000), one log dir of small
+partitions (two closed segments and an active one each, recent records) and a fresh moto
+bucket:
+
+1. `archive --once` as the command runs it (a passive lease member, maximum shares), in this
+   process over a store that counts every request by operation and kind of object: wall
+   time, segments/s, requests per segment and per partition;
+2. the baseline: a boto3 script doing the same PUTs (every segment and its index files)
+   with the same concurrency (the archiver's upload budget) into another bucket of the same
+   server, in the same run: segments/s and tiered's ratio to it;
+3. `tiered run` as a child process on the archived bucket: seconds from start until every
+   partition's lease is held (its `tiered_leases_held` gauge), then, once it has settled,
+   its CPU over `--idle-s` seconds (percent of one core, and per 1,000 partitions), its RSS,
+   and the store requests it made meanwhile (its `tiered_lease_requests_total` and the
+   server's request log are not needed: the daemon's own store counters); last, the time from
+   SIGTERM to its exit.
+
+The machine is shared and small: moto competes with the sidecar for the same two cores,
+so absolute figures are the server's more than ours; the ratios and the per-partition
+request counts are what carry over.
+
+    python benchmarks/partitions.py --counts 200            # a quick look
+    python benchmarks/partitions.py                         # 1k / 5k / 10k (long)
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    DaemonProcess,
+    MotoServer,
+    daemon_config,
+    emit,
+    progress,
+    versions,
+)
+
+from manifests import keys
+from tiered.kafka.checkpoints import TopicPartition
+from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
+from tiered.store.base import Blob, ObjectInfo, ObjectStore
+from tiered.store.errors import ObjectNotFound
+
+TOPICS = 100  # partitions spread over this many topics
+BATCHES = 6  # per partition: two closed segments and an active one at SEGMENT_BYTES
+SEGMENT_BYTES = 3000
+NODE = "bench-node"
+
+
+# --- the log --------------------------------------------------------------------------------
+
+
+def write_log(log_dir: Path, partitions: int) -> None:
+    """`partitions` small partitions over `TOPICS` topics, records stamped now."""
+    now_ms = int(time.time() * 1000)
+    hws: dict[TopicPartition, int] = {}
+    for i in range(partitions):
+        topic, partition = f"t{i % TOPICS}", i // TOPICS
+        writer = LogWriter(log_dir / f"{topic}-{partition}", segment_bytes=SEGMENT_BYTES,
+                           fsync=False, topic_id=uuid.uuid5(uuid.NAMESPACE_DNS, topic))
+        with writer:
+            writer.become_leader(1)
+            for _ in range(BATCHES):
+                writer.append([ProducerRecord(b"v" * 300, timestamp=now_ms) for _ in range(4)])
+            hws[TopicPartition(topic, partition)] = writer.log_end_offset
+    write_high_watermarks(log_dir, hws, fsync=False)
+    (log_dir / "meta.properties").write_text(f"node.id={NODE}\n")
+
+
+def closed_files(log_dir: Path) -> list[Path]:
+    """Every closed segment's files (`.log`, `.index`, `.timeindex`): what gets uploaded."""
+    out = []
+    for part in sorted(p for p in log_dir.iterdir() if p.is_dir()):
+        logs = sorted(part.glob("*.log"))[:-1]  # the last one is active
+        for seg in logs:
+            out += [seg, seg.with_suffix(".index"), seg.with_suffix(".timeindex")]
+    return out
+
+
+# --- counting ---------------------------------------------------------------------------------
+
+
+def kind(key: str) -> str:
+    if "/_tiered/nodes/" in key or key.startswith(keys.NODE_RECORDS_PREFIX):
+        return "node"
+    name = key.rsplit("/", 1)[-1]
+    if name == keys.TOPIC_MANIFEST_NAME:
+        return "topic_manifest"
+    if name == keys.PARTITION_MANIFEST_NAME:
+        return "head"
+    if ".copy-" in name:
+        return "head_copy"
+    if name == keys.LEASE_NAME:
+        return "lease"
+    if name.endswith(".log"):
+        return "segment"
+    return "index" if "index" in name else "other"
+
+
+class Counting(ObjectStore):
+    """A store counting every request as "operation kind" (thread-safe)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner.settings)
+        self.inner = inner
+        self.seen: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    @property
+    def enforces_conditions(self) -> bool:
+        return self.inner.enforces_conditions
+
+    def _n(self, what: str) -> None:
+        with self._lock:
+            self.seen[what] += 1
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            if_match: str | None = None) -> str:
+        self._n(f"PUT {kind(key)}")
+        return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+
+    def put_file(self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
+                 byte_range: tuple[int, int] | None = None) -> str:
+        self._n(f"PUT {kind(key)}")
+        return self.inner.put_file(key, path, ready=ready, byte_range=byte_range)
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+        try:
+            got = self.inner.get(key, byte_range)
+        except ObjectNotFound:
+            self._n(f"GET {kind(key)} (404)")
+            raise
+        self._n(f"GET {kind(key)}")
+        return got
+
+    def head(self, key: str) -> ObjectInfo:
+        self._n(f"HEAD {kind(key)}")
+        return self.inner.head(key)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self._n("LIST node records" if prefix == keys.NODE_RECORDS_PREFIX else "LIST partition")
+        return self.inner.list(prefix)
+
+    def delete_many(self, keys_: Iterable[str]) -> builtins.list[str]:
+        self._n("DELETE")
+        return self.inner.delete_many(keys_)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# --- the phases -------------------------------------------------------------------------------
+
+
+def archive_once(config_path: Path) -> dict[str, Any]:
+    """`tiered archive --once`, as the command composes it, over a counting store."""
+    from archiver.controller import ControllerParams
+    from archiver.service import Archiver
+    from tiered.app.cluster import keeper_for, leases_for
+    from tiered.config import load_config
+    from tiered.store import open_store
+
+    config = load_config(config_path)
+    store = Counting(open_store(config.store_settings(), probe=False))
+    shares = ControllerParams.from_cluster(config.cluster).max_shares
+    start, cpu = time.monotonic(), time.process_time()
+    archiver = Archiver(config, store, fixed_shares=shares)
+    try:
+        keeper = keeper_for(config, store, passive=True)
+        with leases_for(archiver, keeper, release=False):
+            report = archiver.run_once()
+        concurrency = archiver.budget.concurrency
+    finally:
+        archiver.close()
+        store.close()
+    seconds = time.monotonic() - start
+    segments = sum(p.uploaded_segments for p in report.partitions)
+    partitions = len({(p.topic, p.partition) for p in report.partitions})
+    total = sum(store.seen.values())
+    objects = sum(v for k, v in store.seen.items()
+                  if k in ("PUT segment", "PUT index"))
+    return {
+        "ok": report.ok, "errors": report.errors[:3],
+        "seconds": round(seconds, 1), "cpu_seconds": round(time.process_time() - cpu, 1),
+        "uploaded_segments": segments, "segments_per_s": round(segments / seconds, 1),
+        "upload_concurrency": concurrency,
+        "store_requests": total,
+        "requests_per_segment": round(total / max(1, segments), 2),
+        "requests_per_partition": round(total / max(1, partitions), 2),
+        "requests_per_partition_beyond_objects": round((total - objects) / max(1, partitions), 2),
+        "requests_by_kind": dict(sorted(store.seen.items())),
+    }
+
+
+def boto3_baseline(moto: MotoServer, bucket: str, files: list[Path], concurrency: int,
+                   segments: int) -> dict[str, Any]:
+    """The same PUTs with the same concurrency, by a plain boto3 script."""
+    moto.create_bucket(bucket)
+    client = moto.client(max_pool_connections=concurrency)
+
+    def put(path: Path) -> None:
+        client.put_object(Bucket=bucket, Key=f"{path.parent.name}/{path.name}",
+                          Body=path.read_bytes())
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(put, files))
+    seconds = time.monotonic() - start
+    client.close()
+    return {"seconds": round(seconds, 1), "puts": len(files),
+            "segments_per_s": round(segments / seconds, 1)}
+
+
+def leases_held(daemon: DaemonProcess) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics",
+                                timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("tiered_leases_held"):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def store_requests(daemon: DaemonProcess) -> float:
+    """The daemon's own count of requests to the bucket (its archiver's store counters)."""
+    import urllib.request
+
+    total = 0.0
+    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics",
+                                timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("tiered_store_attempts_total") and 'path="write"' in line:
+                total += float(line.split()[-1])
+    return total
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
+               start_timeout_s: float) -> dict[str, Any]:
+    started = time.monotonic()
+    daemon = DaemonProcess(config_path, workdir / "daemon.log")
+    out: dict[str, Any] = {}
+    try:
+        deadline = started + start_timeout_s
+        held = 0.0
+        while time.monotonic() < deadline:
+            held = leases_held(daemon)
+            if held >= partitions:
+                break
+            time.sleep(0.5)
+        out["leases_held"] = held
+        out["all_leases_held_after_s"] = (round(time.monotonic() - started, 1)
+                                          if held >= partitions else None)
+        out["settle_s"] = daemon.settle(timeout_s=120)
+        requests = store_requests(daemon)
+        cpu = daemon.cpu_s()
+        time.sleep(idle_s)
+        cpu = daemon.cpu_s() - cpu
+        out["idle_s"] = idle_s
+        out["idle_cpu_percent_of_a_core"] = round(100 * cpu / idle_s, 2)
+        out["idle_cpu_percent_per_1000_partitions"] = round(
+            100 * cpu / idle_s * 1000 / partitions, 2)
+        out["idle_store_requests"] = store_requests(daemon) - requests
+        out["rss_mib"] = rss_mib(daemon.proc.pid)
+    finally:
+        stop = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        try:
+            daemon.proc.wait(timeout=120)
+            out["stop_s"] = round(time.monotonic() - stop, 2)
+        finally:
+            daemon.stop()
+    return out
+
+
+def one_count(moto: MotoServer, partitions: int, args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"tiered-partitions-{partitions}-"))
+    try:
+        log_dir = workdir / "logs"
+        log_dir.mkdir()
+        progress(f"{partitions} partitions: writing the log")
+        write_log(log_dir, partitions)
+        files = closed_files(log_dir)
+        bucket = f"partitions-{partitions}-{uuid.uuid4().hex[:8]}"
+        moto.create_bucket(bucket)
+        config = workdir / "tiered.toml"
+        config.write_text(daemon_config(
+            bucket=bucket, endpoint=moto.endpoint, log_dir=log_dir, cache_dir=workdir / "cache",
+            cluster="cloud_storage_upload_lease_ms = 30000"))
+        progress(f"{partitions} partitions: archive --once")
+        once = archive_once(config)
+        progress(f"{partitions} partitions: boto3 baseline")
+        base = boto3_baseline(moto, bucket + "-boto3", files, once["upload_concurrency"],
+                              once["uploaded_segments"])
+        progress(f"{partitions} partitions: tiered run")
+        daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s)
+        return {
+            "partitions": partitions,
+            "archive_once": once,
+            "boto3": base,
+            "throughput_vs_boto3": round(once["segments_per_s"] / base["segments_per_s"], 2),
+            "daemon": daemon,
+        }
+    finally:
+        moto.reset()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--counts", type=int, nargs="+", default=[1000, 5000, 10000])
+    parser.add_argument("--idle-s", type=float, default=30.0,
+                        help="seconds the idle daemon's CPU is measured over")
+    parser.add_argument("--start-timeout-s", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    runs = []
+    with MotoServer() as moto:
+        for count in args.counts:
+            runs.append(one_count(moto, count, args))
+            emit({"partial": True, "runs": runs})
+    emit({"benchmark": "partitions", "cores": os.cpu_count(),
+          "versions": versions("boto3", "moto"), "python": sys.version.split()[0], "runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

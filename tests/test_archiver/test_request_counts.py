@@ -1,0 +1,213 @@
+"""Store requests per upload round, per idle pass and per lease change, counted at the store.
+
+The counts are the cost model docs/operations.md ("Sizing") gives: a round's commit is shared
+by its segments, a partition with nothing new costs no request in the upload loop, local
+retention or the leases, and quiet housekeeping costs one HEAD. Counted, never timed."""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from support.archiving import Disk, write_partition
+from support.configs import config_over
+
+from archiver.leases import LeaseKeeper
+from archiver.service import Archiver
+from manifests import keys
+from tiered.config import Config
+from tiered.store.base import Blob, ObjectInfo, ObjectStore
+from tiered.store.errors import ObjectNotFound
+from tiered.store.file import FileStore
+
+PARTITIONS = 4
+LEASE_MS = 30_000
+
+
+def kind(key: str) -> str:
+    """What an object is, by its key."""
+    if key.startswith(keys.NODE_RECORDS_PREFIX) or "/_tiered/nodes/" in key:
+        return "node"
+    name = key.rsplit("/", 1)[-1]
+    if name == keys.TOPIC_MANIFEST_NAME:
+        return "topic"
+    if name == keys.PARTITION_MANIFEST_NAME:
+        return "head"
+    if ".copy-" in name:
+        return "copy"
+    if name == keys.LEASE_NAME:
+        return "lease"
+    if name.endswith(".log"):
+        return "segment"
+    return "index" if "index" in name else "other"
+
+
+class Requests(ObjectStore):
+    """A real store, counting every request as (operation, kind of object)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner.settings)
+        self.inner = inner
+        self.seen: Counter[tuple[str, str]] = Counter()
+
+    @property
+    def enforces_conditions(self) -> bool:
+        return self.inner.enforces_conditions
+
+    def take(self) -> Counter[tuple[str, str]]:
+        seen, self.seen = self.seen, Counter()
+        return seen
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            if_match: str | None = None) -> str:
+        self.seen["put", kind(key)] += 1
+        return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+
+    def put_file(self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
+                 byte_range: tuple[int, int] | None = None) -> str:
+        self.seen["put", kind(key)] += 1
+        return self.inner.put_file(key, path, ready=ready, byte_range=byte_range)
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+        try:
+            got = self.inner.get(key, byte_range)
+        except ObjectNotFound:
+            self.seen["get-missing", kind(key)] += 1
+            raise
+        self.seen["get", kind(key)] += 1
+        return got
+
+    def head(self, key: str) -> ObjectInfo:
+        self.seen["head", kind(key)] += 1
+        return self.inner.head(key)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        self.seen["list", "node" if prefix == keys.NODE_RECORDS_PREFIX else "partition"] += 1
+        return self.inner.list(prefix)
+
+    def delete_many(self, keys_: Iterable[str]) -> builtins.list[str]:
+        doomed = builtins.list(keys_)
+        self.seen["delete", kind(doomed[0]) if doomed else "other"] += 1
+        return self.inner.delete_many(doomed)
+
+
+def setup(tmp_path: Path, partitions: int = PARTITIONS) -> tuple[Config, Requests]:
+    config = config_over(tmp_path)
+    now_ms = int(time.time() * 1000)
+    for p in range(partitions):  # two closed segments each, recent records
+        write_partition(config.log_dirs[0], "orders", p, batches=6, segment_bytes=3000,
+                        timestamp_ms=now_ms)
+    return config, Requests(FileStore(config.store_settings()))
+
+
+def member(config: Config, store: Requests, archiver: Archiver) -> LeaseKeeper:
+    """A daemon's lease keeper for `archiver`, ticked by hand."""
+    keeper = LeaseKeeper(store, archiver.mstore, "n1", LEASE_MS, busy=archiver.idle)
+    archiver.ownership = keeper
+    keeper.publish(archiver.replicas())
+    return keeper
+
+
+def per_partition(seen: Counter[tuple[str, str]], partitions: int = PARTITIONS
+                  ) -> dict[tuple[str, str], float]:
+    return {k: v / partitions for k, v in seen.items() if k[1] not in ("node", "topic")}
+
+
+def test_a_first_pass_reads_each_head_once_and_creates_it_after_one_listing(
+        tmp_path: Path) -> None:
+    config, store = setup(tmp_path)
+    archiver = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, archiver)
+    keeper.tick()
+    report = archiver.upload_round()
+    assert sum(p.uploaded_segments for p in report.partitions) == 2 * PARTITIONS
+    assert per_partition(store.take()) == {
+        # taking the lease: the lease and the head read (neither exists), the lease written
+        ("get-missing", "lease"): 1, ("get-missing", "head"): 1, ("put", "lease"): 1,
+        # creating the head: the partition's two prefixes listed first (docs/format.md,
+        # "Losing objects"), then the head and its copy; the head is not read a second time
+        ("list", "partition"): 2, ("put", "head"): 1, ("put", "copy"): 1,
+        # two segments, each with its offset and time index
+        ("put", "segment"): 2, ("put", "index"): 4,
+    }
+
+
+def test_a_round_shares_one_commit_among_its_segments(tmp_path: Path) -> None:
+    config, store = setup(tmp_path)
+    archiver = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, archiver)
+    keeper.tick()
+    archiver.upload_round()
+    store.take()
+    # two more closed segments per partition
+    now_ms = int(time.time() * 1000)
+    for p in range(PARTITIONS):
+        write_partition(config.log_dirs[0], "orders", p, batches=4, segment_bytes=3000,
+                        timestamp_ms=now_ms)
+    archiver.scan()
+    report = archiver.upload_round()
+    segments = sum(p.uploaded_segments for p in report.partitions)
+    assert segments >= 2 * PARTITIONS
+    seen = store.take()
+    # per segment: the segment and its two indexes; per partition: one commit and its copy,
+    # onto the head this process holds (no read, no listing)
+    assert seen == Counter({("put", "segment"): segments, ("put", "index"): 2 * segments,
+                            ("put", "head"): PARTITIONS, ("put", "copy"): PARTITIONS})
+
+
+def test_an_idle_partition_costs_no_request_but_one_head_per_housekeeping(
+        tmp_path: Path) -> None:
+    config, store = setup(tmp_path)
+    archiver = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, archiver)
+    keeper.tick()
+    archiver.run_once()
+    store.take()
+    for _ in range(3):  # what the daemon's loop does while nothing arrives
+        archiver.scan()
+        archiver.upload_round()
+        archiver.update_controller()
+        archiver.local_retention()
+        keeper.tick()
+    seen = store.take()
+    # the keeper's one listing per tick (and a renewal when due): nothing per partition
+    assert {k for k in seen if k[1] != "node"} == set()
+    assert seen[("list", "node")] == 3
+    archiver.housekeeping()
+    assert store.take() == Counter({("head", "head"): PARTITIONS})
+
+
+def test_a_restart_reads_each_lease_and_head_once_and_writes_nothing(tmp_path: Path) -> None:
+    config, store = setup(tmp_path)
+    first = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, first)
+    keeper.tick()
+    first.run_once()
+    keeper.stop(release=True)
+    assert store.take()[("delete", "node")] == 1  # the whole release
+
+    again = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, again)
+    keeper.tick()
+    report = again.upload_round()
+    assert not any(p.uploaded_segments for p in report.partitions)
+    assert per_partition(store.take()) == {("get", "lease"): 1, ("get", "head"): 1}
+
+
+def test_a_one_shot_pass_housekeeps_the_heads_it_created_with_one_head_each(
+        tmp_path: Path) -> None:
+    config, store = setup(tmp_path)
+    archiver = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, archiver)
+    keeper.tick()
+    store.take()
+    report = archiver.run_once()
+    assert report.ok, report.errors
+    seen = per_partition(store.take())
+    # the listing made before creating each head found nothing else there: housekeeping
+    # needs no listing or read of its own, only the HEAD that finds a head lost since
+    assert seen[("list", "partition")] == 2 and seen[("head", "head")] == 1
+    assert ("get", "head") not in seen

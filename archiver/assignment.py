@@ -1,7 +1,7 @@
 """Which sidecar should upload each partition: a pure function of the live sidecars' records.
 
 Every sidecar computes the same answer from the same records, so they agree on who uploads
-what without talking to each other; the leases in the bucket (`manifests.lease`) then make
+what without talking to each other; the leases in the bucket (`manifests.lease_objects`) then make
 sure that, whatever views disagree for a moment, only one of them holds a partition.
 
 Rules (docs/operations.md, "One sidecar per broker"):
@@ -26,7 +26,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from manifests.lease import PartitionId, ReplicaState
+from manifests.lease_objects import PartitionId, ReplicaState
 
 __all__ = ["Member", "Moves", "assign", "behind", "current_holders", "plan_moves", "score"]
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from archiver.leases import Ownership
+from archiver.lease_keeper import Ownership
 from archiver.reports import remote_section
 from manifests.commit import ManifestStore
-from manifests.lease import PartitionId
+from manifests.lease_objects import PartitionId
 from manifests.manifest import PartitionManifest
 from manifests.topic import iter_topic_manifest_keys, load_topic_manifest
 from tiered.errors import TieredError

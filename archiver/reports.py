@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from archiver.leases import LeaseStats
+from archiver.lease_keeper import LeaseStats
 from archiver.space import PartitionView, safe_delete_below, upload_backlog_bytes
 from archiver.upload_policy import LogSnapshot
 from manifests.manifest import PartitionManifest

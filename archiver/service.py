@@ -12,7 +12,7 @@ fencing) and runs the passes the daemon schedules and `tiered archive --once` ru
 * `update_controller` turns the upload backlog into shares and the upload budget.
 
 Which partitions this process writes to the bucket is its `Ownership`'s to say
-(`archiver.leases`): with upload leases, only the partitions whose lease this node holds are
+(`archiver.lease_keeper`): with upload leases, only the partitions whose lease this node holds are
 uploaded, housekept and collected, as the lease's generation; the others are on standby,
 where local retention still deletes what the bucket's committed manifest covers.
 
@@ -37,7 +37,7 @@ from typing import Any
 
 from archiver import controller
 from archiver.controller import ControllerOutput, ControllerParams, ControllerState, UploadBudget
-from archiver.leases import Ownership, Role, SoleWriter
+from archiver.lease_keeper import Ownership, Role, SoleWriter
 from archiver.local_retention import (
     LocalRetentionResult,
     advise_only,
@@ -73,7 +73,7 @@ from archiver.uploader import (
 from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, HistoryWithoutHead, ManifestConflict, StaleTerm
-from manifests.lease import PartitionId
+from manifests.lease_objects import PartitionId
 from manifests.manifest import PartitionManifest
 from manifests.spillover import ManifestSettings
 from manifests.topic import TopicManifest, save_topic_manifest

@@ -37,7 +37,7 @@ from support.processes import child_env, tiered_command
 from manifests import keys
 from manifests.collect import referenced_data_names
 from manifests.commit import ManifestStore
-from manifests.lease import PartitionId, read_lease
+from manifests.lease_objects import PartitionId, read_lease
 from manifests.topic import load_topic_manifest
 from tiered.config import load_config
 from tiered.errors import OffsetOutOfRange, TieredError

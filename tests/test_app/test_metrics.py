@@ -133,7 +133,7 @@ def test_store_metrics_are_labelled_by_path_with_bytes_and_latency() -> None:
 def test_upload_leases_are_exported_by_node_and_kind() -> None:
     from prometheus_client import generate_latest
 
-    from archiver.leases import LeaseStats
+    from archiver.lease_keeper import LeaseStats
 
     def stats() -> ArchiverStats:
         return dataclasses.replace(_stats(), leases=LeaseStats(

@@ -8,7 +8,7 @@ import random
 from collections import Counter
 
 from archiver.assignment import Member, assign, behind, current_holders, plan_moves
-from manifests.lease import PartitionId, ReplicaState
+from manifests.lease_objects import PartitionId, ReplicaState
 
 PARTS = [PartitionId("orders", p, "rev") for p in range(24)]
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from support.archiving import Clock, Disk, config_over
 
-from archiver.leases import LeaseKeeper
+from archiver.lease_keeper import LeaseKeeper
 from archiver.service import Archiver
 from cache.reader import Reader
 from manifests.commit import ManifestStore
-from manifests.lease import PartitionId
+from manifests.lease_objects import PartitionId
 from manifests.topic import load_topic_manifest
 from tiered.kafka.builder import encode_batch
 from tiered.kafka.checkpoints import TopicPartition, topic_id_to_str

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from archiver.leases import LeaseKeeper
+from archiver.lease_keeper import LeaseKeeper
 from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import StaleTerm
-from manifests.lease import PartitionId, read_lease, read_node_record
+from manifests.lease_objects import PartitionId, read_lease, read_node_record
 from tiered.store.base import ObjectStore
 
 LEASE_MS = 3000

@@ -15,7 +15,7 @@ from pathlib import Path
 from support.archiving import Disk, write_partition
 from support.configs import config_over
 
-from archiver.leases import LeaseKeeper
+from archiver.lease_keeper import LeaseKeeper
 from archiver.service import Archiver
 from manifests import keys
 from tiered.config import Config

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from archiver.leases import LeaseKeeper, LeaseView, Ownership
+from archiver.lease_keeper import LeaseKeeper, LeaseView, Ownership
 from archiver.service import Archiver
 from manifests.commit import ManifestStore
 from manifests.spillover import ManifestSettings

@@ -86,7 +86,7 @@ from tiered.store.errors import (
 )
 
 if TYPE_CHECKING:
-    from archiver.leases import LeaseKeeper
+    from archiver.lease_keeper import LeaseKeeper
     from archiver.service import Archiver, ArchiverStats, PassReport
     from cache.reader import Reader
     from tiered.app.kafka_api import KafkaServer

@@ -43,7 +43,7 @@ from archiver.assignment import Member, Moves, plan_moves
 from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, StaleTerm
-from manifests.lease import (
+from manifests.lease_objects import (
     Lease,
     NodeRecord,
     PartitionId,
@@ -184,7 +184,7 @@ class LeaseView:
 
 
 @dataclass
-class _Seen:
+class _PeerRecord:
     """What this keeper knows of another node's record."""
 
     etag: str
@@ -198,7 +198,9 @@ class _Seen:
 
 
 @dataclass
-class _Held:
+class _HeldLease:
+    """A lease this node holds: the generation it wrote."""
+
     generation: int
     #: False after a lapse: re-read the lease before trusting it
     verified: bool = True
@@ -209,9 +211,12 @@ _History = deque[tuple[float, int]]
 
 
 @dataclass
-class _State:
+class _KeeperState:
+    """What the keeper learns as it ticks: replicas' progress, its leases, and until when its
+    own record is known valid."""
+
     replicas: dict[PartitionId, _History] = field(default_factory=dict)
-    held: dict[PartitionId, _Held] = field(default_factory=dict)
+    held: dict[PartitionId, _HeldLease] = field(default_factory=dict)
     valid_until: float = float("-inf")
     sequence: int = 0
 
@@ -249,8 +254,8 @@ class LeaseKeeper:
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
-        self._state = _State()
-        self._seen: dict[str, _Seen] = {}
+        self._state = _KeeperState()
+        self._seen: dict[str, _PeerRecord] = {}
         self._watch_start: float | None = None
         self._last_renew = float("-inf")
         self._stats = LeaseStats(node=node)
@@ -481,7 +486,7 @@ class LeaseKeeper:
             for node, etag, _ in listed:
                 seen = self._seen.get(node)
                 if seen is None:
-                    seen = self._seen[node] = _Seen(etag, now)  # a full lease time from now
+                    seen = self._seen[node] = _PeerRecord(etag, now)  # a full lease time from now
                 elif seen.etag != etag:
                     seen.etag, seen.changed_at = etag, now
                 seen.gone = False
@@ -734,7 +739,7 @@ class LeaseKeeper:
         else:
             self._keep_head(pid, head, head_etag)
         with self._lock:
-            self._state.held[pid] = _Held(lease.generation)
+            self._state.held[pid] = _HeldLease(lease.generation)
         return True
 
     def _take(self, pid: PartitionId, lease: Lease | None, etag: str | None,
@@ -756,7 +761,7 @@ class LeaseKeeper:
         else:
             self._keep_head(pid, head, head_etag)
         with self._lock:
-            self._state.held[pid] = _Held(generation)
+            self._state.held[pid] = _HeldLease(generation)
         return True
 
     def _fence(self, pid: PartitionId, generation: int,

@@ -13,7 +13,7 @@ safety argument):
   others, so no lease object is rewritten while nothing changes hands.
 
 This module is the documents, their JSON and their reads and writes; when to renew, whom to
-hand a partition to and when a holder counts as gone are `archiver.leases`'s.
+hand a partition to and when a holder counts as gone are `archiver.lease_keeper`'s.
 """
 
 from __future__ import annotations

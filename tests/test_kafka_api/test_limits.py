@@ -143,6 +143,9 @@ def test_at_the_limit_the_request_in_progress_the_longest_makes_room(history: Hi
             for _ in range(4):  # one after another, so the first is the oldest
                 tricklers.append(Trickler(port))
                 wait_until(lambda: tricklers[-1].sent > 0, "the trickler to start")
+            # every slot taken on the daemon's side before the newcomer knocks
+            wait_until(lambda: daemon.kafka is not None
+                       and daemon.kafka.stats()["connections"] >= 4, "the tricklers' slots")
             client = RawClient(port, timeout=10)
             try:
                 assert _served(client)

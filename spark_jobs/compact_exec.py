@@ -16,7 +16,7 @@ from manifests import keys
 from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
 from spark_jobs.job_context import PartitionRef, job_error
-from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, claim_name
+from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, claim_name, fetch_source
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.compaction import (
     KeyEvent,
@@ -52,16 +52,7 @@ class SegTask(NamedTuple):
 def _fetch(store: ObjectStore, task: SegTask) -> bytes:
     """The segment's bytes, checked against the manifest (size, CRC-32C, every batch inside
     the listed offsets; a compacted copy may start later or end earlier than its range)."""
-    src = task.source
-    data = store.get(src.key)
-    if len(data) != src.size_bytes:
-        raise CorruptSegmentError(
-            f"object is {len(data)} bytes, the manifest says {src.size_bytes}", path=src.key)
-    crc = crc32c.crc32c(data)
-    if crc != src.checksum:
-        raise CorruptSegmentError(
-            f"CRC-32C {crc:08x} does not match the manifest's {src.checksum:08x}", path=src.key)
-    return data
+    return fetch_source(store, task.source)
 
 
 def _check_range(task: SegTask, data: bytes) -> None:

@@ -102,9 +102,9 @@ class _Scan:
     transactional: bool = False
 
 
-def _read_source(store: ObjectStore, src: SourceSegment, scan: _Scan) -> int:
-    """Download one source, check it against the manifest (size, CRC-32C, first and last
-    offsets) and every batch's CRC; returns its size. Refuses with `CorruptSegmentError`."""
+def fetch_source(store: ObjectStore, src: SourceSegment) -> bytes:
+    """One source segment's bytes, checked against the manifest's size and CRC-32C (the jobs
+    rewrite only what the manifest vouches for). Refuses with `CorruptSegmentError`."""
     data = store.get(src.key)
     if len(data) != src.size_bytes:
         raise CorruptSegmentError(
@@ -113,6 +113,13 @@ def _read_source(store: ObjectStore, src: SourceSegment, scan: _Scan) -> int:
     if crc != src.checksum:
         raise CorruptSegmentError(
             f"CRC-32C {crc:08x} does not match the manifest's {src.checksum:08x}", path=src.key)
+    return data
+
+
+def _read_source(store: ObjectStore, src: SourceSegment, scan: _Scan) -> int:
+    """Download one source, check it against the manifest (size, CRC-32C, first and last
+    offsets) and every batch's CRC; returns its size. Refuses with `CorruptSegmentError`."""
+    data = fetch_source(store, src)
     first = last = None
     for h in iter_batch_headers(data, path=src.key):
         if first is None:

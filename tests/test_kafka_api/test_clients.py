@@ -58,10 +58,29 @@ class _Trace(logging.Handler):
         self.setFormatter(logging.Formatter("%(relativeCreated)9.0f %(threadName)s "
                                             "%(name)s %(levelname)s %(message)s"))
 
+        #: the message of the last record kept, and how often it came again since
+        self._last: str | None = None
+        self._repeats = 0
+
     def emit(self, record: logging.LogRecord) -> None:
         if record.name.startswith("kafka.metrics"):
             return  # a line per sensor made, nothing about progress
+        message = record.getMessage()
+        if message == self._last:  # a client spinning: one line, not the whole window
+            self._repeats += 1
+            return
+        if self._repeats:
+            self.lines.append(f"{'':9} (the line above {self._repeats} more times)")
+        self._last, self._repeats = message, 0
         self.lines.append(self.format(record)[:500])
+
+    def clear(self) -> None:
+        self.lines.clear()
+        self._last, self._repeats = None, 0
+
+    def text(self) -> str:
+        tail = [f"{'':9} (the line above {self._repeats} more times)"] if self._repeats else []
+        return "\n".join([*self.lines, *tail])
 
 
 _TRACE = _Trace()
@@ -70,7 +89,7 @@ _TRACE = _Trace()
 @pytest.fixture(autouse=True)
 def _traced() -> Iterator[None]:
     """Each test's trace: the clients' and the daemon's loggers at DEBUG into `_TRACE`."""
-    _TRACE.lines.clear()
+    _TRACE.clear()
     loggers = [logging.getLogger(name) for name in ("kafka", "tiered.app.kafka_api")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -107,7 +126,7 @@ def _until(done: Callable[[], bool], step: Callable[[], None],
                 where = state()
             except Exception as exc:  # a stuck client may fail this too: the trace still helps
                 where = f"(its state could not be read: {exc!r})"
-            trace = "\n".join(_TRACE.lines)
+            trace = _TRACE.text()
             pytest.fail(f"the client stopped making progress: {where}\n"
                         f"the last log records:\n{trace}")
         step()

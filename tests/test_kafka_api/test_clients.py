@@ -147,6 +147,16 @@ def _kp_consumer(daemon: Daemon, **kw: object) -> kafka.KafkaConsumer:
                                metadata_max_age_ms=KP_METADATA_MAX_AGE_MS, **kw)
 
 
+def _kp_subscribe(consumer: kafka.KafkaConsumer) -> None:
+    """Subscribe once the client knows the topic's partitions. kafka-python (3.0) joins the
+    group without waiting for the topic's metadata, as the Java client does: a leader that
+    assigns before the metadata lands assigns nothing, and the rebalance it then starts is
+    dropped when a short `poll` times out during it (the leader's own assignment already
+    matches the metadata), leaving the consumer with no partitions for good."""
+    assert consumer.partitions_for_topic(TOPIC) == set(PARTITIONS)
+    consumer.subscribe([TOPIC])
+
+
 def _kp_read(consumer: kafka.KafkaConsumer, stop: Callable[[dict[int, list[Rec]]], bool]
              ) -> dict[int, list[Rec]]:
     got: dict[int, list[Rec]] = {p: [] for p in PARTITIONS}
@@ -196,7 +206,7 @@ def test_kafka_python_group_commits_and_resumes_after_a_restart(history: History
     with running(config) as first:
         consumer = _kp_consumer(first, group_id=group, enable_auto_commit=False,
                                 auto_offset_reset="earliest", session_timeout_ms=10_000)
-        consumer.subscribe([TOPIC])
+        _kp_subscribe(consumer)
         got = _kp_read(consumer, lambda g: all(len(g[p]) >= half[p] for p in PARTITIONS))
         seen = {p: got[p][:half[p]] for p in PARTITIONS}
         consumer.commit({kafka.TopicPartition(TOPIC, p): OffsetAndMetadata(
@@ -208,7 +218,7 @@ def test_kafka_python_group_commits_and_resumes_after_a_restart(history: History
     with running(config) as second:  # a restarted sidecar: the offsets come from the bucket
         consumer = _kp_consumer(second, group_id=group, enable_auto_commit=False,
                                 auto_offset_reset="earliest", session_timeout_ms=10_000)
-        consumer.subscribe([TOPIC])
+        _kp_subscribe(consumer)
         rest = _kp_read(consumer, lambda g: all(g[p] and g[p][-1].offset >= ends[p] - 1
                                                 for p in PARTITIONS))
         consumer.close(autocommit=False)

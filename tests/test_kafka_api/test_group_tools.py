@@ -54,6 +54,9 @@ def test_kafka_python_admin_lists_describes_and_deletes_a_group(
                                    auto_offset_reset="earliest", session_timeout_ms=10_000,
                                    metadata_max_age_ms=2_000)
     try:
+        # the topic's partitions known first: kafka-python joins without them and may
+        # then keep an empty assignment (tests/test_kafka_api/test_clients.py)
+        assert consumer.partitions_for_topic(TOPIC) == {0, 1}
         consumer.subscribe([TOPIC])
         deadline = time.monotonic() + 60
         while len(consumer.assignment()) < 2 and time.monotonic() < deadline:

@@ -666,6 +666,29 @@ class Run:
         if position != len(served):
             raise SystemExit(f"served {len(served)} bytes, the segments hold {position}")
 
+    def read_through(self, proc: subprocess.Popen[bytes], port: int, name: str, size: int,
+                     space: memoryview) -> float:
+        """Seconds for a consumer (session `name`) to read `size` bytes into `space` in 1 MiB
+        fetches from the one-connection server `proc` listening on `port`; the server exits
+        when the consumer closes, and is waited for (killed after 30 s) whatever happened."""
+        consumer = None
+        try:
+            consumer = LeanConsumer(port, name)
+            position = 0
+            start = time.perf_counter()
+            while position < size:
+                _body, position = consumer.fetch(position, min(FETCH, size - position),
+                                                 space[position:])
+            return time.perf_counter() - start
+        finally:
+            if consumer is not None:
+                consumer.close()  # the server serves one connection: it exits now
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def naive(self, segment: int, staging: str) -> float:
         """Seconds for a consumer to read `segment` start to end in 1 MiB fetches through a
         `naive_proxy` staging in `staging` (started before the clock); the bytes are compared
@@ -678,23 +701,9 @@ class Run:
         space = self.space_for([segment])
         proc, port = naive_proxy(url, size, staging, self.cache_dir, next_url,
                                  min(self.chunk, next_size))
-        consumer = None
         try:
-            consumer = LeanConsumer(port, "naive")
-            position = 0
-            start = time.perf_counter()
-            while position < size:
-                _body, position = consumer.fetch(position, min(FETCH, size - position),
-                                                 space[position:])
-            took = time.perf_counter() - start
+            took = self.read_through(proc, port, "naive", size, space)
         finally:
-            if consumer is not None:
-                consumer.close()  # the proxy serves one connection: it exits now
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
             for name in ("object", "next"):
                 (self.cache_dir / name).unlink(missing_ok=True)
         self.check_segments(segment, [space])
@@ -709,23 +718,7 @@ class Run:
         path.read_bytes()
         space = self.space_for([segment])
         proc, port = disk_server(path)
-        consumer = None
-        try:
-            consumer = LeanConsumer(port, "ceiling")
-            position = 0
-            start = time.perf_counter()
-            while position < size:
-                _body, position = consumer.fetch(position, min(FETCH, size - position),
-                                                 space[position:])
-            took = time.perf_counter() - start
-        finally:
-            if consumer is not None:
-                consumer.close()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        took = self.read_through(proc, port, "ceiling", size, space)
         self.check_segments(segment, [space])
         return took
 

@@ -28,22 +28,20 @@ request counts are what carry over.
 from __future__ import annotations
 
 import argparse
-import builtins
 import os
 import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _common import (
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from _common import (  # noqa: E402
     DaemonProcess,
     MotoServer,
     daemon_config,
@@ -51,12 +49,10 @@ from _common import (
     progress,
     versions,
 )
+from support.counting import CountingStore  # noqa: E402
 
-from manifests import keys
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
-from tiered.store.base import Blob, ObjectInfo, ObjectStore
-from tiered.store.errors import ObjectNotFound
 
 TOPICS = 100  # partitions spread over this many topics
 BATCHES = 6  # per partition: two closed segments and an active one at SEGMENT_BYTES
@@ -94,78 +90,6 @@ def closed_files(log_dir: Path) -> list[Path]:
     return out
 
 
-# --- counting ---------------------------------------------------------------------------------
-
-
-def kind(key: str) -> str:
-    if "/_tiered/nodes/" in key or key.startswith(keys.NODE_RECORDS_PREFIX):
-        return "node"
-    name = key.rsplit("/", 1)[-1]
-    if name == keys.TOPIC_MANIFEST_NAME:
-        return "topic_manifest"
-    if name == keys.PARTITION_MANIFEST_NAME:
-        return "head"
-    if ".copy-" in name:
-        return "head_copy"
-    if name == keys.LEASE_NAME:
-        return "lease"
-    if name.endswith(".log"):
-        return "segment"
-    return "index" if "index" in name else "other"
-
-
-class Counting(ObjectStore):
-    """A store counting every request as "operation kind" (thread-safe)."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        super().__init__(inner.settings)
-        self.inner = inner
-        self.seen: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    @property
-    def enforces_conditions(self) -> bool:
-        return self.inner.enforces_conditions
-
-    def _n(self, what: str) -> None:
-        with self._lock:
-            self.seen[what] += 1
-
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
-            if_match: str | None = None) -> str:
-        self._n(f"PUT {kind(key)}")
-        return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-
-    def put_file(self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
-                 byte_range: tuple[int, int] | None = None) -> str:
-        self._n(f"PUT {kind(key)}")
-        return self.inner.put_file(key, path, ready=ready, byte_range=byte_range)
-
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
-        try:
-            got = self.inner.get(key, byte_range)
-        except ObjectNotFound:
-            self._n(f"GET {kind(key)} (404)")
-            raise
-        self._n(f"GET {kind(key)}")
-        return got
-
-    def head(self, key: str) -> ObjectInfo:
-        self._n(f"HEAD {kind(key)}")
-        return self.inner.head(key)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        self._n("LIST node records" if prefix == keys.NODE_RECORDS_PREFIX else "LIST partition")
-        return self.inner.list(prefix)
-
-    def delete_many(self, keys_: Iterable[str]) -> builtins.list[str]:
-        self._n("DELETE")
-        return self.inner.delete_many(keys_)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 # --- the phases -------------------------------------------------------------------------------
 
 
@@ -178,7 +102,7 @@ def archive_once(config_path: Path) -> dict[str, Any]:
     from tiered.store import open_store
 
     config = load_config(config_path)
-    store = Counting(open_store(config.store_settings(), probe=False))
+    store = CountingStore(open_store(config.store_settings(), probe=False))
     shares = ControllerParams.from_cluster(config.cluster).max_shares
     start, cpu = time.monotonic(), time.process_time()
     archiver = Archiver(config, store, fixed_shares=shares)
@@ -194,8 +118,7 @@ def archive_once(config_path: Path) -> dict[str, Any]:
     segments = sum(p.uploaded_segments for p in report.partitions)
     partitions = len({(p.topic, p.partition) for p in report.partitions})
     total = sum(store.seen.values())
-    objects = sum(v for k, v in store.seen.items()
-                  if k in ("PUT segment", "PUT index"))
+    objects = store.seen["put", "segment"] + store.seen["put", "index"]
     return {
         "ok": report.ok, "errors": report.errors[:3],
         "seconds": round(seconds, 1), "cpu_seconds": round(time.process_time() - cpu, 1),
@@ -205,7 +128,7 @@ def archive_once(config_path: Path) -> dict[str, Any]:
         "requests_per_segment": round(total / max(1, segments), 2),
         "requests_per_partition": round(total / max(1, partitions), 2),
         "requests_per_partition_beyond_objects": round((total - objects) / max(1, partitions), 2),
-        "requests_by_kind": dict(sorted(store.seen.items())),
+        "requests_by_kind": {f"{op} {what}": n for (op, what), n in sorted(store.seen.items())},
     }
 
 

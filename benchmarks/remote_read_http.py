@@ -272,6 +272,38 @@ def minimal_server(payload_size: int) -> tuple[subprocess.Popen[bytes], int]:
     raise SystemExit("the minimal server did not start")
 
 
+#: The part of a minimal server's script that `NAIVE_PROXY` and `DISK_SERVER` share: the one
+#: keep-alive connection's fetches (`offset` a byte position, `max_bytes` its length) each
+#: answered, once `ready(pos, n)` returns, with the header in one write and then
+#: `send(conn, pos, n)`'s body; `send_file` sends it from the script's file `fd` by sendfile.
+SERVE_FETCHES = textwrap.dedent("""\
+    import os, socket, urllib.parse
+    HEADER = b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nX-Next-Offset: %d\\r\\n\\r\\n"
+    def send_file(sock, pos, n):
+        sent = 0
+        while sent < n:
+            put = os.sendfile(sock.fileno(), fd, pos + sent, n - sent)
+            if not put:
+                raise EOFError(f"the staged file ends at {pos + sent}")
+            sent += put
+    def serve_fetches(server, ready, send):
+        conn, _ = server.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        requests = conn.makefile("rb")
+        while True:
+            line = requests.readline()
+            if not line:
+                break
+            while requests.readline() not in (b"\\r\\n", b""):
+                pass
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(line.split()[1].decode()).query)
+            pos, n = int(query["offset"][0]), int(query["max_bytes"][0])
+            ready(pos, n)
+            conn.sendall(HEADER % (n, pos + n))
+            send(conn, pos, n)
+    """)
+
+
 #: A naive read-through proxy, the most any daemon on this machine could do for one sequential
 #: consumer: one streamed GET of the object from byte 0 (sent at the first fetch,
 #: as the daemon's is), its bytes kept in memory or written to a file as they arrive,
@@ -285,7 +317,7 @@ def minimal_server(payload_size: int) -> tuple[subprocess.Popen[bytes], int]:
 #: last `chunk` bytes, the first `chunk` bytes of the next object are read ahead (own GET,
 #: own file, checked too); and the answers go through http.server, as the daemon's do. What
 #: separates it from the daemon is the daemon's own code: the cache, sessions, routing.
-NAIVE_PROXY = textwrap.dedent("""\
+NAIVE_PROXY = SERVE_FETCHES + textwrap.dedent("""\
     import http.client, os, socket, sys, threading, urllib.parse
     url, size, staging, spool = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     checked = staging == "checked"
@@ -375,13 +407,6 @@ NAIVE_PROXY = textwrap.dedent("""\
         with cond:
             while arrived < pos + n:
                 cond.wait()
-    def send_file(sock, pos, n):
-        sent = 0
-        while sent < n:
-            put = os.sendfile(sock.fileno(), fd, pos + sent, n - sent)
-            if not put:
-                raise EOFError(f"the staged file ends at {pos + sent}")
-            sent += put
     if checked:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -401,51 +426,21 @@ NAIVE_PROXY = textwrap.dedent("""\
         print(server.server_address[1], flush=True)
         server.handle_request()  # the one keep-alive connection
         sys.exit(0)
-    conn, _ = server.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    requests = conn.makefile("rb")
-    while True:
-        line = requests.readline()
-        if not line:
-            break
-        while requests.readline() not in (b"\\r\\n", b""):
-            pass
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(line.split()[1].decode()).query)
-        pos, n = int(query["offset"][0]), int(query["max_bytes"][0])
-        wait_for(pos, n)
-        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nX-Next-Offset: %d\\r\\n\\r\\n"
-                     % (n, pos + n))
-        if fd < 0:
-            conn.sendall(memory[pos:pos + n])
-        else:
-            send_file(conn, pos, n)
+    def send_memory(conn, pos, n):
+        conn.sendall(memory[pos:pos + n])
+    serve_fetches(server, wait_for, send_memory if fd < 0 else send_file)
     """)
 
 
 #: The ceiling of the protocol: a minimal keep-alive HTTP server answering each 1 MiB fetch
 #: (`offset` is a byte position, as for the naive proxy) from a file on local disk with
 #: sendfile, the answer's header in one write. No store, no cache, no check.
-DISK_SERVER = textwrap.dedent("""\
-    import os, socket, sys, urllib.parse
+DISK_SERVER = SERVE_FETCHES + textwrap.dedent("""\
+    import sys
     fd = os.open(sys.argv[1], os.O_RDONLY)
     server = socket.create_server(("127.0.0.1", 0))
     print(server.getsockname()[1], flush=True)
-    conn, _ = server.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    requests = conn.makefile("rb")
-    while True:
-        line = requests.readline()
-        if not line:
-            break
-        while requests.readline() not in (b"\\r\\n", b""):
-            pass
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(line.split()[1].decode()).query)
-        pos, n = int(query["offset"][0]), int(query["max_bytes"][0])
-        conn.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: %d\\r\\nX-Next-Offset: %d\\r\\n\\r\\n"
-                     % (n, pos + n))
-        sent = 0
-        while sent < n:
-            sent += os.sendfile(conn.fileno(), fd, pos + sent, n - sent)
+    serve_fetches(server, lambda pos, n: None, send_file)
     """)
 
 
@@ -671,6 +666,29 @@ class Run:
         if position != len(served):
             raise SystemExit(f"served {len(served)} bytes, the segments hold {position}")
 
+    def read_through(self, proc: subprocess.Popen[bytes], port: int, name: str, size: int,
+                     space: memoryview) -> float:
+        """Seconds for a consumer (session `name`) to read `size` bytes into `space` in 1 MiB
+        fetches from the one-connection server `proc` listening on `port`; the server exits
+        when the consumer closes, and is waited for (killed after 30 s) whatever happened."""
+        consumer = None
+        try:
+            consumer = LeanConsumer(port, name)
+            position = 0
+            start = time.perf_counter()
+            while position < size:
+                _body, position = consumer.fetch(position, min(FETCH, size - position),
+                                                 space[position:])
+            return time.perf_counter() - start
+        finally:
+            if consumer is not None:
+                consumer.close()  # the server serves one connection: it exits now
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def naive(self, segment: int, staging: str) -> float:
         """Seconds for a consumer to read `segment` start to end in 1 MiB fetches through a
         `naive_proxy` staging in `staging` (started before the clock); the bytes are compared
@@ -683,23 +701,9 @@ class Run:
         space = self.space_for([segment])
         proc, port = naive_proxy(url, size, staging, self.cache_dir, next_url,
                                  min(self.chunk, next_size))
-        consumer = None
         try:
-            consumer = LeanConsumer(port, "naive")
-            position = 0
-            start = time.perf_counter()
-            while position < size:
-                _body, position = consumer.fetch(position, min(FETCH, size - position),
-                                                 space[position:])
-            took = time.perf_counter() - start
+            took = self.read_through(proc, port, "naive", size, space)
         finally:
-            if consumer is not None:
-                consumer.close()  # the proxy serves one connection: it exits now
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
             for name in ("object", "next"):
                 (self.cache_dir / name).unlink(missing_ok=True)
         self.check_segments(segment, [space])
@@ -714,23 +718,7 @@ class Run:
         path.read_bytes()
         space = self.space_for([segment])
         proc, port = disk_server(path)
-        consumer = None
-        try:
-            consumer = LeanConsumer(port, "ceiling")
-            position = 0
-            start = time.perf_counter()
-            while position < size:
-                _body, position = consumer.fetch(position, min(FETCH, size - position),
-                                                 space[position:])
-            took = time.perf_counter() - start
-        finally:
-            if consumer is not None:
-                consumer.close()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        took = self.read_through(proc, port, "ceiling", size, space)
         self.check_segments(segment, [space])
         return took
 

@@ -14,6 +14,9 @@ Commit protocol (docs/format.md, "Commit protocol"):
 with jittered backoff, until a deadline. Archived manifests uploaded by a commit that then
 loses its race are unreferenced; `manifests.collect` decides when they may go.
 
+A commit that creates a head first asks `manifests.head_copies` whether a lost head is to be
+restored or the partition stopped; every commit leaves a copy of the head beside it there.
+
 One `ManifestStore` may be shared by threads; any number of writers may race on a partition:
 each either wins the compare-and-swap or re-applies its change on top of the winner's.
 """
@@ -21,7 +24,6 @@ each either wins the compare-and-swap or re-applies its change on top of the win
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -37,12 +39,12 @@ from manifests.cas import put_on_version, retry_conflicts
 from manifests.errors import (
     ArchiveKeyCollision,
     CorruptManifest,
-    HistoryWithoutHead,
     InvalidUpdate,
     ManifestConflict,
     ManifestContention,
     StaleTerm,
 )
+from manifests.head_copies import HeadCopies
 from manifests.manifest import ArchivedManifest, PartitionManifest, manifest_problem
 from manifests.model import ArchiveEntry, SegmentMeta
 from manifests.serde import (
@@ -52,9 +54,7 @@ from manifests.serde import (
 )
 from manifests.spillover import ArchiveUpload, ManifestSettings, plan_spill
 from tiered.store.base import ObjectInfo, ObjectStore
-from tiered.store.errors import ObjectNotFound, PreconditionFailed, StoreError
-
-log = logging.getLogger(__name__)
+from tiered.store.errors import ObjectNotFound, PreconditionFailed
 
 #: how long `update` keeps re-applying a change that loses its commit race, seconds
 UPDATE_DEADLINE_S = 30.0
@@ -134,6 +134,9 @@ class ManifestStore:
         self.stats = ManifestStoreStats()
         self._versions: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self.head_copies = HeadCopies(self.store, self.stats, read_head=self._read_head,
+                                      remember=self._remember,
+                                      archive_keys=self.referenced_archive_keys)
 
     # -- head manifests ----------------------------------------------------------------------
 
@@ -205,7 +208,7 @@ class ManifestStore:
         base_sequence = 0
         listed: set[str] | None = None
         if expected_etag is None:
-            listed = self._guard_fresh_head(manifest)
+            listed = self.head_copies.guard_fresh_head(manifest)
         if expected_etag is not None:
             base_term, base_sequence = self._base_version(manifest, expected_etag)
             if base_term > manifest.term:
@@ -229,7 +232,7 @@ class ManifestStore:
             etag = got[1]
         self.stats.commits += 1
         self._remember(key, etag, new)
-        self._keep_copy(new, data)
+        self.head_copies.keep(new, data)
         for upload in plan.uploads:
             self.cache.put(upload.key, upload.manifest)
         unnamed = None
@@ -241,138 +244,18 @@ class ManifestStore:
 
     # -- losing the head: copies, restore, refusal (docs/format.md, "Losing objects") -----
 
-    def _keep_copy(self, m: PartitionManifest, data: bytes) -> None:
-        """Write the committed version beside the head, in its sequence's slot: a deleted or
-        garbled head is restored exactly from it (cutoff and recorded start included). A copy
-        that fails to go up costs nothing now; the other slot still holds a whole copy."""
-        try:
-            self.store.put(keys.head_copy_key(m.key, m.sequence), data)
-        except StoreError as exc:
-            log.warning("%s: could not write the head's copy: %s", m.key, exc)
-
     def lost_history(self, empty: PartitionManifest) -> str | None:
-        """For a partition whose head `load` found missing, read-only (describe-storage): what
-        says the head was lost (copies, or objects of ours below offset 0's head), None when
-        the bucket holds nothing of the partition's."""
-        listing = [i.key for prefix in (
-            keys.partition_data_prefix(empty.topic, empty.partition, empty.revision),
-            keys.partition_meta_prefix(empty.topic, empty.partition, empty.revision))
-            for i in self.store.list(prefix)]
-        ours = [k for k in listing if keys.segment_name_of(k.rsplit("/", 1)[-1]) is not None
-                or ".copy-" in k or keys.parse_archived_manifest_name(k.rsplit("/", 1)[-1])]
-        if not ours:
-            return None
-        return (f"{empty.key}: no head manifest, but {len(ours)} object(s) of the partition are "
-                "in the bucket (the next writer restores the head from its copy, or stops the "
-                f"partition); if it stays, run `tiered recover --rebuild-manifests --topic "
-                f"{empty.topic}`")
+        """See `HeadCopies.lost_history`: why a missing head was lost, read-only."""
+        return self.head_copies.lost_history(empty)
 
     def restore_head(self, empty: PartitionManifest) -> tuple[PartitionManifest, str] | None:
-        """For a partition whose head `load` found missing (`empty` is what it returned): the
-        head restored from its newest complete copy, or None when the bucket holds nothing of
-        the partition's; `HistoryWithoutHead` when it holds history no copy restores."""
-        try:
-            self._guard_fresh_head(empty)
-        except ManifestConflict as restored:
-            if restored.current is None or restored.etag is None:
-                return None
-            return restored.current, restored.etag
-        return None
+        """See `HeadCopies.restore_head`: a missing head restored from its copy."""
+        return self.head_copies.restore_head(empty)
 
     def restore_garbled(self, topic: str, partition: int, revision: str | int
                         ) -> tuple[PartitionManifest, str] | None:
-        """For a head `load` found unreadable (`CorruptManifest`): replace it, by
-        compare-and-swap on its own ETag, with the newest copy the bucket proves complete,
-        keeping the bad bytes beside it (`.corrupt-<etag>`). None when no copy restores it
-        (the partition stays stopped until `recover --rebuild-manifests`) or the head is gone
-        meanwhile (the next pass finds it missing)."""
-        key = keys.partition_manifest_key(topic, partition, revision)
-        try:
-            etag = self.store.head(key).etag
-        except ObjectNotFound:
-            return None
-        listing = {i.key for i in self.store.list(
-            keys.partition_data_prefix(topic, partition, revision))}
-        meta = {i.key for i in self.store.list(
-            keys.partition_meta_prefix(topic, partition, revision))}
-        return self._restore_from_copy(key, listing | meta, meta, over=etag)
-
-    def _guard_fresh_head(self, manifest: PartitionManifest) -> set[str]:
-        """Before creating a head where none is stored: restore the newest copy that the
-        bucket proves complete (then `ManifestConflict` carries it, so `update` re-applies its
-        change on top), or refuse with `HistoryWithoutHead` when objects of ours lie below the
-        new head's start. A partition whose prefixes hold nothing of ours starts afresh.
-        Returns the keys listed under both prefixes."""
-        data_prefix = keys.partition_data_prefix(manifest.topic, manifest.partition,
-                                                 manifest.revision)
-        meta_prefix = keys.partition_meta_prefix(manifest.topic, manifest.partition,
-                                                 manifest.revision)
-        listing = {i.key for i in self.store.list(data_prefix)}
-        meta = {i.key for i in self.store.list(meta_prefix)}
-        if manifest.key in meta:
-            # a head is there after all: the create below loses its race as it should
-            return listing | meta
-        restored = self._restore_from_copy(manifest.key, listing | meta, meta)
-        if restored is not None:
-            raise ManifestConflict(manifest.key, *restored)
-        below = [k for k in sorted(listing | meta) if _starts_below(
-            k[len(data_prefix if k.startswith(data_prefix) else meta_prefix):],
-            manifest.log_start_offset)]
-        copies = [k for k in meta if k.startswith(manifest.key + ".copy-")]
-        if below or copies:
-            detail = (f"{len(below)} object(s) below offset {manifest.log_start_offset}, e.g. "
-                      f"{below[0]}" if below else f"copies that do not restore: {copies[0]}")
-            raise HistoryWithoutHead(manifest.key, detail, manifest.topic)
-        return listing | meta
-
-    def _restore_from_copy(self, key: str, present: set[str], meta: set[str], *,
-                           over: str | None = None) -> tuple[PartitionManifest, str] | None:
-        """Create the head from the newest valid copy whose every named object is `present`
-        (If-None-Match: a head another writer created meanwhile wins), or with `over`, replace
-        the unreadable head of that ETag (If-Match: a writer's repair meanwhile wins). None
-        when no copy proves complete."""
-        found: list[PartitionManifest] = []
-        for slot in keys.HEAD_COPY_SLOTS:
-            copy_key = f"{key}.{slot}"
-            if copy_key not in meta:
-                continue
-            try:
-                m = decode_partition_manifest(self.store.get(copy_key), key=key)
-            except (ObjectNotFound, CorruptManifest) as exc:
-                log.warning("%s: the copy %s does not restore the head: %s", key, copy_key, exc)
-                continue
-            if m.key == key:
-                found.append(m)
-        for m in sorted(found, key=lambda c: c.sequence, reverse=True):
-            missing = [k for k in self._named_keys(m) if k not in present]
-            if missing:
-                log.warning("%s: the copy at sequence %d names %d object(s) the bucket no "
-                            "longer holds, e.g. %s", key, m.sequence, len(missing), missing[0])
-                continue
-            data = encode_partition_manifest(m)
-            try:
-                if over is not None:
-                    self.store.put(f"{key}.corrupt-{over.strip(chr(34))[:16]}",
-                                   self.store.get(key))
-                etag = put_on_version(self.store, key, data, over)
-            except (PreconditionFailed, ObjectNotFound):
-                return self._read_head(key)  # another writer got there first: take its head
-            self._remember(key, etag, m)
-            log.warning("%s: the head manifest was %s; restored it from its copy at "
-                        "sequence %d (offsets %d..%d)", key,
-                        "missing" if over is None else "unreadable (kept beside it as .corrupt-)",
-                        m.sequence, m.log_start_offset, m.last_offset)
-            self.stats.restored += 1
-            return m, etag
-        return None
-
-    def _named_keys(self, m: PartitionManifest) -> list[str]:
-        """Every object key a head names: its segments and replaced segments, and the archived
-        manifests it lists (not what they list in turn: those are checked when read)."""
-        out = [m.segment_key(s) for s in m.segments]
-        out += [m.segment_key(r.segment) for r in m.replaced]
-        out += sorted(self.referenced_archive_keys(m))
-        return out
+        """See `HeadCopies.restore_garbled`: an unreadable head replaced by its copy."""
+        return self.head_copies.restore_garbled(topic, partition, revision)
 
     def update(
         self,
@@ -586,13 +469,3 @@ def _collectable(m: PartitionManifest, listed: set[str]) -> set[str]:
     return {k for k in listed if k.startswith(data) or (
         k.startswith(meta) and keys.parse_archived_manifest_name(k[len(meta):]) is not None)}
 
-
-def _starts_below(name: str, offset: int) -> bool:
-    """Whether `name` (under a partition's data or meta prefix) is a segment, index or
-    archived manifest of ours whose offsets begin below `offset`."""
-    segment = keys.segment_name_of(name)
-    parsed = None if segment is None else keys.parse_segment_name(segment)
-    if parsed is not None:
-        return parsed.base_offset < offset
-    archived = keys.parse_archived_manifest_name(name)
-    return archived is not None and archived.base_offset < offset

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.archiving import Clock, Disk, drain, make_config, revision, write_partition
+from support.lost_head import delete_head_and_copies, trim_local_log
 
 from archiver.service import Archiver
 from manifests import edits, keys
@@ -112,13 +113,8 @@ def test_a_lost_head_without_copies_stops_the_partition_and_loses_nothing(
     archiver, clock, log_dir, rev = archived(tmp_path, s3_store)
     m, _ = ManifestStore(s3_store).load("orders", 0, rev)
     objects = data_objects(s3_store, rev)
-    part = log_dir / "orders-0"
-    closed = sorted(part.glob("*.log"))[:-1]
-    for seg in closed[: len(closed) // 2]:  # local retention went ahead of the loss
-        for path in part.glob(seg.stem + ".*"):
-            path.unlink()
-    meta = keys.partition_meta_prefix("orders", 0, rev)
-    s3_store.delete_many([i.key for i in s3_store.list(meta) if i.key.startswith(m.key)])
+    trim_local_log(log_dir / "orders-0")  # local retention went ahead of the loss
+    delete_head_and_copies(s3_store, "orders", 0, rev)
     past_grace(archiver, clock)
     report = archiver.run_once()
     assert not report.ok
@@ -220,41 +216,12 @@ def test_a_running_daemon_past_the_grace_period_loses_nothing_and_says_so(
     collected, no head is created at the local start, and /health is degraded naming the
     repair command. (With the whole log still local a fresh head from offset 0 re-uploads
     everything, which loses nothing.)"""
-    import json
-    import urllib.request
-
-    from support.configs import config_over
-    from support.daemons import running
+    from support.lost_head import daemon_with_a_lost_head
     from support.waiting import wait_until
 
-    from tiered.store import FileStore, StoreSettings
-
-    config = config_over(tmp_path, cluster={"cloud_storage_gc_grace_period_ms": GRACE_MS,
-                                            "cloud_storage_housekeeping_interval_ms": 100})
-    log_dir = config.log_dirs[0]
-    write_partition(log_dir, "orders", 0, batches=40, timestamp_ms=int(time.time() * 1000))
-    store = FileStore(StoreSettings(url=config.storage.url))
-    rev = revision(log_dir, "orders", 0)
-    key = keys.partition_manifest_key("orders", 0, rev)
-
-    def health() -> dict[str, object]:
-        with urllib.request.urlopen(daemon.server.url + "/health", timeout=10) as answer:
-            return dict(json.loads(answer.read()))
-
-    with running(config) as daemon:
-        wait_until(lambda: store.exists(key) and len(data_objects(store, rev)) > 6,
-                   "the first uploads")
-        wait_until(lambda: health().get("status") == "ok", "a clean pass")
-        objects = data_objects(store, rev)
-        part = log_dir / "orders-0"
-        closed = sorted(part.glob("*.log"))[:-1]
-        for seg in closed[: len(closed) // 2]:  # local retention went ahead of the loss
-            for path in part.glob(seg.stem + ".*"):
-                path.unlink()
-        meta = keys.partition_meta_prefix("orders", 0, rev)
-        store.delete_many([i.key for i in store.list(meta) if i.key.startswith(key)])
-        wait_until(lambda: "recover --rebuild-manifests" in json.dumps(health()),
-                   "housekeeping to report the lost head", timeout_s=60)
+    with daemon_with_a_lost_head(tmp_path, grace_ms=GRACE_MS) as lost:
+        daemon, store, rev, key = lost.daemon, lost.store, lost.rev, lost.key
+        health, objects = lost.health, lost.uploaded
         # past the grace (store mtimes are whole seconds), then two housekeeping passes:
         # collection had its chance
         past = time.time() + GRACE_MS / 1000 + 1.1

@@ -6,92 +6,21 @@ retention or the leases, and quiet housekeeping costs one HEAD. Counted, never t
 
 from __future__ import annotations
 
-import builtins
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from support.archiving import Disk, write_partition
 from support.configs import config_over
+from support.counting import CountingStore as Requests
 
 from archiver.lease_keeper import LeaseKeeper
 from archiver.service import Archiver
-from manifests import keys
 from tiered.config import Config
-from tiered.store.base import Blob, ObjectInfo, ObjectStore
-from tiered.store.errors import ObjectNotFound
 from tiered.store.file import FileStore
 
 PARTITIONS = 4
 LEASE_MS = 30_000
-
-
-def kind(key: str) -> str:
-    """What an object is, by its key."""
-    if key.startswith(keys.NODE_RECORDS_PREFIX) or "/_tiered/nodes/" in key:
-        return "node"
-    name = key.rsplit("/", 1)[-1]
-    if name == keys.TOPIC_MANIFEST_NAME:
-        return "topic"
-    if name == keys.PARTITION_MANIFEST_NAME:
-        return "head"
-    if ".copy-" in name:
-        return "copy"
-    if name == keys.LEASE_NAME:
-        return "lease"
-    if name.endswith(".log"):
-        return "segment"
-    return "index" if "index" in name else "other"
-
-
-class Requests(ObjectStore):
-    """A real store, counting every request as (operation, kind of object)."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        super().__init__(inner.settings)
-        self.inner = inner
-        self.seen: Counter[tuple[str, str]] = Counter()
-
-    @property
-    def enforces_conditions(self) -> bool:
-        return self.inner.enforces_conditions
-
-    def take(self) -> Counter[tuple[str, str]]:
-        seen, self.seen = self.seen, Counter()
-        return seen
-
-    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
-            if_match: str | None = None) -> str:
-        self.seen["put", kind(key)] += 1
-        return self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-
-    def put_file(self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
-                 byte_range: tuple[int, int] | None = None) -> str:
-        self.seen["put", kind(key)] += 1
-        return self.inner.put_file(key, path, ready=ready, byte_range=byte_range)
-
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
-        try:
-            got = self.inner.get(key, byte_range)
-        except ObjectNotFound:
-            self.seen["get-missing", kind(key)] += 1
-            raise
-        self.seen["get", kind(key)] += 1
-        return got
-
-    def head(self, key: str) -> ObjectInfo:
-        self.seen["head", kind(key)] += 1
-        return self.inner.head(key)
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        self.seen["list", "node" if prefix == keys.NODE_RECORDS_PREFIX else "partition"] += 1
-        return self.inner.list(prefix)
-
-    def delete_many(self, keys_: Iterable[str]) -> builtins.list[str]:
-        doomed = builtins.list(keys_)
-        self.seen["delete", kind(doomed[0]) if doomed else "other"] += 1
-        return self.inner.delete_many(doomed)
 
 
 def setup(tmp_path: Path, partitions: int = PARTITIONS) -> tuple[Config, Requests]:

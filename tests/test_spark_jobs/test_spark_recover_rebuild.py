@@ -285,49 +285,18 @@ def test_rebuild_beside_a_running_daemon_restores_a_lost_head_and_loses_nothing(
     the local log trimmed: the daemon stops the partition, and `recover --rebuild-manifests`
     run beside it brings every archived offset back by create-if-absent; the daemon then
     goes on uploading on the rebuilt head, /health is ok again and no object was collected."""
-    import json
-    import time
-    import urllib.request
-
-    from support.archiving import revision
     from support.archiving import write_partition as append
-    from support.configs import config_over
-    from support.daemons import running
+    from support.lost_head import daemon_with_a_lost_head
     from support.waiting import wait_until
 
     from manifests.commit import ManifestStore
 
-    config = config_over(tmp_path, cluster={"cloud_storage_gc_grace_period_ms": 1000,
-                                            "cloud_storage_housekeeping_interval_ms": 100})
-    log_dir = config.log_dirs[0]
-    now_ms = int(time.time() * 1000)
-    append(log_dir, "orders", 0, batches=40, timestamp_ms=now_ms)
-    store = open_store(config.store_settings(), probe=False)
-    mstore = ManifestStore(store)
-    rev = revision(log_dir, "orders", 0)
-    key = keys.partition_manifest_key("orders", 0, rev)
-    data = keys.partition_data_prefix("orders", 0, rev)
-
-    def objects() -> set[str]:
-        return {i.key for i in store.list(data)}
-
-    def health() -> dict[str, Any]:
-        with urllib.request.urlopen(daemon.server.url + "/health", timeout=10) as answer:
-            return dict(json.loads(answer.read()))
-
-    with running(config) as daemon:
-        wait_until(lambda: store.exists(key) and len(objects()) > 6, "the first uploads")
-        before, _ = mstore.load("orders", 0, rev)
-        uploaded = objects()
+    with daemon_with_a_lost_head(tmp_path, grace_ms=1000) as lost:
+        config, store, rev, now_ms = lost.config, lost.store, lost.rev, lost.now_ms
+        log_dir, mstore = config.log_dirs[0], ManifestStore(store)
+        health, objects = lost.health, lost.data_objects
+        before, uploaded = lost.before, lost.uploaded
         part = log_dir / "orders-0"
-        closed = sorted(part.glob("*.log"))[:-1]
-        for seg in closed[: len(closed) // 2]:  # local retention went ahead of the loss
-            for path in part.glob(seg.stem + ".*"):
-                path.unlink()
-        meta = keys.partition_meta_prefix("orders", 0, rev)
-        store.delete_many([i.key for i in store.list(meta) if i.key.startswith(key)])
-        wait_until(lambda: "recover --rebuild-manifests" in json.dumps(health()),
-                   "housekeeping to report the lost head", timeout_s=60)
         append(log_dir, "orders", 0, batches=20, timestamp_ms=now_ms)  # the log goes on
 
         summary = run_rebuild_manifests(make_context(config, store), topic="orders")
@@ -347,4 +316,3 @@ def test_rebuild_beside_a_running_daemon_restores_a_lost_head_and_loses_nothing(
         assert segments[0].base_offset == 0
         pairs = zip(segments, segments[1:], strict=False)
         assert all(a.last_offset + 1 == b.base_offset for a, b in pairs)
-    store.close()

@@ -48,6 +48,15 @@ class _Size(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+def _skipped_and_errors(summary: dict[str, Any]) -> Iterable[str]:
+    """The closing lines of a merge or compaction summary: partitions left alone, and why,
+    then what failed (the two jobs report both in the same fields)."""
+    for skip in summary["skipped"]:
+        yield f"  skipped {skip['topic']}/{skip['partition']}: {skip['reason']}"
+    for err in summary["errors"]:
+        yield f"error: {err}"
+
+
 # -- merge -------------------------------------------------------------------------------------
 
 
@@ -70,10 +79,7 @@ def merge_lines(summary: dict[str, Any]) -> Iterable[str]:
                 f"  {p['topic']}/{p['partition']}: {p['segments_before']} -> "
                 f"{p['segments_after']} segments"
             )
-    for skip in summary["skipped"]:
-        yield f"  skipped {skip['topic']}/{skip['partition']}: {skip['reason']}"
-    for err in summary["errors"]:
-        yield f"error: {err}"
+    yield from _skipped_and_errors(summary)
 
 
 @click.command("merge")
@@ -130,10 +136,7 @@ def compact_lines(summary: dict[str, Any]) -> Iterable[str]:
             f"{format_size(p['bytes_before'])} -> {format_size(p['bytes_after'])}, "
             f"{p['records_dropped']} records and {p['tombstones_dropped']} tombstones dropped"
         )
-    for skip in summary["skipped"]:
-        yield f"  skipped {skip['topic']}/{skip['partition']}: {skip['reason']}"
-    for err in summary["errors"]:
-        yield f"error: {err}"
+    yield from _skipped_and_errors(summary)
 
 
 @click.command("compact")

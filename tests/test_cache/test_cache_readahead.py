@@ -28,6 +28,7 @@ from support.waiting import wait_until
 from cache.chunk_cache import ChunkCache, ChunkFile, SegmentHandle
 from cache.chunks import batch_positions
 from cache.errors import CacheFullError
+from cache.eviction import ChunkId
 
 
 @pytest.fixture
@@ -360,6 +361,32 @@ def test_a_reader_waiting_for_its_stream_to_start_a_chunk_joins_it_at_once(
         assert read_file(got[0]) == data[starts[1]:got[0].end]
         holds[inside_1].set()
         waiter.join()
+        assert fetch.calls == []
+
+
+@pytest.mark.parametrize("memory", [0, 1 << 20], ids=["file", "buffer"])
+def test_a_stream_offers_what_it_verified_without_the_cache_s_lock(
+        tmp_path: Path, data: bytes, memory: int) -> None:
+    """With no reader waiting for the chunk, every run of batches the stream checks is offered
+    to readers without taking the cache's lock: fetches holding it (every read takes it) never
+    hold the stream up between the pieces it receives. A reader coming afterwards is served
+    what was offered, and a reader waiting for it is woken (the test above)."""
+    starts = layout(data, CHUNK)
+    inside_1 = starts[1] + (starts[2] - starts[1]) // 2
+    holds = {inside_1: threading.Event()}
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=1, holds=holds, memory=memory)
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg.open_chunk(0, starts[1] - 1, reader="c").close()
+        seg.open_chunk(100, starts[1] - 1, reader="c").close()  # sequential: chunk 1 comes
+        wait_until(lambda: stream.opened[0].pos == inside_1, "the stream held inside chunk 1")
+        entry = cache._state.entries[ChunkId(KEY, starts[1])]
+        assert 0 < entry.ready <= inside_1 - starts[1]
+        with cache._state.lock:  # as a long fetch holds it
+            holds[inside_1].set()
+            wait_until(lambda: entry.ready == starts[2] - starts[1],
+                       "every batch of chunk 1 verified and offered, the lock held meanwhile")
+        assert read_on(seg, data, starts[1], starts[2])[-1] == starts[2]
         assert fetch.calls == []
 
 

@@ -390,6 +390,35 @@ def test_a_stream_offers_what_it_verified_without_the_cache_s_lock(
         assert fetch.calls == []
 
 
+def test_a_reader_s_fetches_wake_its_stream_only_once_it_may_go_on(tmp_path: Path,
+                                                                  data: bytes) -> None:
+    """A stream parked a window ahead of its reader is not woken by every fetch of the reader
+    inside the chunk it is in (each wake-up cost the lock and the interpreter, for nothing),
+    and is woken as soon as the reader moves on far enough for it to take the next chunk."""
+    starts = layout(data, CHUNK)
+    cache, _fetch, stream = open_cache(tmp_path, data, prefetch=1)
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg.read(0, 100, reader="c")
+        seg.read(100, 200, reader="c")  # sequential: the stream brings chunk 1, then parks
+        wait_until(lambda: stream.opened[0].pos == starts[2], "the stream parked at chunk 2")
+        parked = cache._streams.streams[("c", KEY)]
+        wakes: list[int] = []
+        notify = parked.wake.notify
+
+        def counted(n: int = 1) -> None:
+            wakes.append(n)
+            notify(n)
+
+        parked.wake.notify = counted  # type: ignore[method-assign]
+        for begin in range(200, 2200, 200):  # ten more fetches inside chunk 0
+            seg.read(begin, begin + 200, reader="c")
+        assert wakes == []
+        seg.read(starts[1], starts[1] + 100, reader="c")  # within its window of chunk 2
+        assert wakes
+        wait_until(lambda: stream.opened[0].pos == starts[3], "the stream to take chunk 2")
+
+
 def test_a_one_off_read_is_served_the_start_of_its_chunk_before_the_rest_arrives(
         tmp_path: Path, data: bytes) -> None:
     """A read without a session that misses a chunk gets one streamed request for just that

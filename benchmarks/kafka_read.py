@@ -251,6 +251,9 @@ def run(argv: list[str]) -> dict[str, Any]:
                              "checked against ACLs (docs/security.md)")
     parser.add_argument("--cache-on-disk", action="store_true",
                         help="put the read cache in the work directory, not on tmpfs")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="a source tree whose code the daemon runs instead of the "
+                             "installed one (an older version, for a before/after)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tiered-kafka-read-"))
     shm = Path(SHM)
@@ -263,6 +266,7 @@ def run(argv: list[str]) -> dict[str, Any]:
                               "read_ahead": "adaptive" if args.prefetch is None
                               else "off" if args.prefetch == 0 else "fixed",
                               "chunk_bytes": args.chunk_mb * MIB, "scram": args.scram,
+                              "tree": None if args.tree is None else str(args.tree),
                               "confluent_partition_fetch_bytes": (
                                   None if args.fetch_kb is None else args.fetch_kb * 1024)}
     _template_bytes, expected_values = _template(7)
@@ -331,7 +335,7 @@ def one_round(i: int, args: argparse.Namespace, work: Path, moto: MotoServer, ka
     shutil.rmtree(cache_dir, ignore_errors=True)  # every round starts cold
     cache_dir.mkdir()
     daemon = DaemonProcess(work / "tiered.toml", work / f"daemon-{i}.log",
-                           kafka_listening(kafka_port))
+                           kafka_listening(kafka_port), tree=args.tree)
     try:
         daemon.settle()
         for name in ("confluent_cold", "confluent_warm"):

@@ -43,10 +43,17 @@ class CacheEntry:
     others wait on it instead of fetching again. While a read-ahead stream writes it, `staged`
     is where it goes (its temporary file or a buffer) and `ready` how many bytes from the
     chunk's start are in and verified (whole batches): those may be served before the rest
-    arrives. A streamed chunk may stay in its buffer (`in_memory`) until written behind."""
+    arrives. A streamed chunk may stay in its buffer (`in_memory`) until written behind.
+
+    `ready` is the one field written without the cache's lock: the stream publishes each
+    verified run by a plain store (it only grows, and only covers checked bytes of `staged`,
+    which is set and cleared under the lock), and takes the lock to notify `progress` only
+    when `waiting` says a reader waits for it. A reader counts itself in `waiting` (under the
+    lock) before it reads `ready`, so a store it did not see is followed by a notify it gets:
+    the stream's check of every received run then costs no lock while nobody waits."""
 
     __slots__ = ("chunk", "crcs", "download", "in_memory", "last_access", "mapped", "pins",
-                 "progress", "ready", "size", "staged", "verified")
+                 "progress", "ready", "size", "staged", "verified", "waiting")
 
     def __init__(
         self, chunk: ChunkId, size: int, last_access: float, crcs: tuple[int, ...] | None
@@ -62,6 +69,8 @@ class CacheEntry:
         self.download: Future[None] | None = None
         self.staged: StagedChunk | BufferedChunk | None = None
         self.ready = 0
+        #: readers in `Hydration.wait_ready` for `ready` to move (changed under the lock)
+        self.waiting = 0
         #: its file, open and mapped, while it is one of the chunks read lately
         #: (`cache.mapped`; the cache's share); or, while `in_memory`, its buffer
         self.mapped: MappedFile | None = None

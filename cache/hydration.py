@@ -116,13 +116,20 @@ class Hydration:
         catches up with its stream so waits for the batches it reads, not for a whole chunk."""
         if partial_at is not None:
             with self.state.cond:
-                while entry.download is download and entry.progress is not None:
-                    staged = entry.staged
-                    if staged is not None and entry.ready > partial_at:
-                        begin = seg.bounds(index)[0]
-                        # the stream clears `staged` under this lock before it lets go
-                        return ChunkFile(staged.shared.share(), begin, begin + entry.ready)
-                    entry.progress.wait()  # woken by this chunk's progress only
+                # counted before `ready` is read: the stream stores `ready` without the lock
+                # and notifies only while someone waits (see `CacheEntry`)
+                entry.waiting += 1
+                try:
+                    while entry.download is download and entry.progress is not None:
+                        staged, ready = entry.staged, entry.ready
+                        if staged is not None and ready > partial_at:
+                            begin = seg.bounds(index)[0]
+                            # the stream clears `staged` under this lock before it lets go,
+                            # and `ready` only covers verified bytes of it
+                            return ChunkFile(staged.shared.share(), begin, begin + ready)
+                        entry.progress.wait()  # woken by this chunk's progress only
+                finally:
+                    entry.waiting -= 1
         download.result()
         return None
 

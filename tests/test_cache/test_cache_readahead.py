@@ -28,6 +28,7 @@ from support.waiting import wait_until
 from cache.chunk_cache import ChunkCache, ChunkFile, SegmentHandle
 from cache.chunks import batch_positions
 from cache.errors import CacheFullError
+from cache.eviction import ChunkId
 
 
 @pytest.fixture
@@ -361,6 +362,61 @@ def test_a_reader_waiting_for_its_stream_to_start_a_chunk_joins_it_at_once(
         holds[inside_1].set()
         waiter.join()
         assert fetch.calls == []
+
+
+@pytest.mark.parametrize("memory", [0, 1 << 20], ids=["file", "buffer"])
+def test_a_stream_offers_what_it_verified_without_the_cache_s_lock(
+        tmp_path: Path, data: bytes, memory: int) -> None:
+    """With no reader waiting for the chunk, every run of batches the stream checks is offered
+    to readers without taking the cache's lock: fetches holding it (every read takes it) never
+    hold the stream up between the pieces it receives. A reader coming afterwards is served
+    what was offered, and a reader waiting for it is woken (the test above)."""
+    starts = layout(data, CHUNK)
+    inside_1 = starts[1] + (starts[2] - starts[1]) // 2
+    holds = {inside_1: threading.Event()}
+    cache, fetch, stream = open_cache(tmp_path, data, prefetch=1, holds=holds, memory=memory)
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg.open_chunk(0, starts[1] - 1, reader="c").close()
+        seg.open_chunk(100, starts[1] - 1, reader="c").close()  # sequential: chunk 1 comes
+        wait_until(lambda: stream.opened[0].pos == inside_1, "the stream held inside chunk 1")
+        entry = cache._state.entries[ChunkId(KEY, starts[1])]
+        assert 0 < entry.ready <= inside_1 - starts[1]
+        with cache._state.lock:  # as a long fetch holds it
+            holds[inside_1].set()
+            wait_until(lambda: entry.ready == starts[2] - starts[1],
+                       "every batch of chunk 1 verified and offered, the lock held meanwhile")
+        assert read_on(seg, data, starts[1], starts[2])[-1] == starts[2]
+        assert fetch.calls == []
+
+
+def test_a_reader_s_fetches_wake_its_stream_only_once_it_may_go_on(tmp_path: Path,
+                                                                  data: bytes) -> None:
+    """A stream parked a window ahead of its reader is not woken by every fetch of the reader
+    inside the chunk it is in (each wake-up cost the lock and the interpreter, for nothing),
+    and is woken as soon as the reader moves on far enough for it to take the next chunk."""
+    starts = layout(data, CHUNK)
+    cache, _fetch, stream = open_cache(tmp_path, data, prefetch=1)
+    with cache:
+        seg = cache.open_segment(KEY, len(data), starts, verifier(KEY))
+        seg.read(0, 100, reader="c")
+        seg.read(100, 200, reader="c")  # sequential: the stream brings chunk 1, then parks
+        wait_until(lambda: stream.opened[0].pos == starts[2], "the stream parked at chunk 2")
+        parked = cache._streams.streams[("c", KEY)]
+        wakes: list[int] = []
+        notify = parked.wake.notify
+
+        def counted(n: int = 1) -> None:
+            wakes.append(n)
+            notify(n)
+
+        parked.wake.notify = counted  # type: ignore[method-assign]
+        for begin in range(200, 2200, 200):  # ten more fetches inside chunk 0
+            seg.read(begin, begin + 200, reader="c")
+        assert wakes == []
+        seg.read(starts[1], starts[1] + 100, reader="c")  # within its window of chunk 2
+        assert wakes
+        wait_until(lambda: stream.opened[0].pos == starts[3], "the stream to take chunk 2")
 
 
 def test_a_one_off_read_is_served_the_start_of_its_chunk_before_the_rest_arrives(

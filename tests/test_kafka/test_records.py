@@ -18,18 +18,22 @@ from tiered.kafka.compression import CODECS
 from tiered.kafka.records import (
     ATTRIBUTES_OFFSET,
     BATCH_HEADER,
+    CONTROL_MASK,
     CRC_OFFSET,
     LENGTH_OFFSET,
     LOG_OVERHEAD,
     MAGIC_OFFSET,
+    TRANSACTIONAL_MASK,
     BatchHeader,
     Header,
     Record,
     TruncatedBatchError,
+    any_batch_has,
     decode_batch,
     iter_batch_headers,
     iter_batches,
     read_batch_header,
+    whole_batches_end,
 )
 from tiered.kafka.varint import encode_varint, encode_varlong
 
@@ -553,3 +557,107 @@ def test_decoded_objects_are_frozen_and_hashable() -> None:
         batch.header.crc = 0  # type: ignore[misc]
     assert hash(batch.records[0]) == hash(Record(100, 1_700_000_000_000, None, b"v0"))
     assert len({batch.header, read_batch_header(encode_batch(_sample(), base_offset=100))}) == 1
+
+
+# ------------------------------------------------------------------ the lean header walks
+
+
+def _txn_log() -> tuple[bytes, list[int]]:
+    """Three batches, the middle one transactional; the batches' start positions."""
+    def one(offset: int) -> list[Record]:
+        return [Record(offset, 1_000, b"k", b"v")]
+
+    batches = [encode_batch(one(0), base_offset=0),
+               encode_batch(one(1), base_offset=1, transactional=True, producer_id=7),
+               encode_batch(one(2), base_offset=2)]
+    starts = [0, len(batches[0]), len(batches[0]) + len(batches[1])]
+    return b"".join(batches), starts
+
+
+def test_any_batch_has_finds_the_flag_in_the_range_it_is_given() -> None:
+    data, starts = _txn_log()
+    assert any_batch_has(data, TRANSACTIONAL_MASK)
+    assert not any_batch_has(data, TRANSACTIONAL_MASK, 0, starts[1])
+    assert any_batch_has(data, TRANSACTIONAL_MASK, starts[1], starts[2])
+    assert not any_batch_has(data, TRANSACTIONAL_MASK, starts[2])
+    assert not any_batch_has(data, CONTROL_MASK)
+    assert not any_batch_has(data, TRANSACTIONAL_MASK, len(data))  # nothing: no batch
+    with memoryview(data) as view:  # any buffer, read where it lies
+        assert any_batch_has(view, TRANSACTIONAL_MASK)
+
+
+def _with_length(data: bytes, at: int, length: int) -> bytes:
+    out = bytearray(data)
+    struct.pack_into(">i", out, at + LENGTH_OFFSET, length)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("case", ["negative length", "zero length", "below a header",
+                                  "past the end", "truncated header", "truncated batch",
+                                  "bad magic"])
+def test_any_batch_has_never_follows_a_length_it_cannot_trust(case: str) -> None:
+    """A hostile or damaged buffer ends the walk with CorruptSegmentError at the batch, never
+    a loop, a read past the range, or an answer made from bytes that are not a batch."""
+    data, starts = _txn_log()
+    at = starts[0]  # the first batch is damaged; the transactional one comes after it
+    hostile = {
+        "negative length": _with_length(data, at, -LOG_OVERHEAD),
+        "zero length": _with_length(data, at, 0),
+        "below a header": _with_length(data, at, BATCH_HEADER.size - LOG_OVERHEAD - 1),
+        "past the end": _with_length(data, at, len(data)),
+        "truncated header": data[:BATCH_HEADER.size - 1],
+        "truncated batch": data[:starts[1] - 1],
+        "bad magic": data[:MAGIC_OFFSET] + b"\x01" + data[MAGIC_OFFSET + 1:],
+    }[case]
+    with pytest.raises(CorruptSegmentError) as err:
+        any_batch_has(hostile, TRANSACTIONAL_MASK)
+    assert err.value.position == at
+    # a range that stops inside a batch is refused the same way
+    with pytest.raises(TruncatedBatchError):
+        any_batch_has(data, TRANSACTIONAL_MASK, 0, starts[1] + BATCH_HEADER.size)
+
+
+def test_any_batch_has_refuses_a_range_outside_its_buffer() -> None:
+    data, _starts = _txn_log()
+    for start, end in ((-1, None), (0, len(data) + 1), (10, 5)):
+        with pytest.raises(ValueError):
+            any_batch_has(data, TRANSACTIONAL_MASK, start, end)
+
+
+def test_whole_batches_end_matches_the_full_walk_on_every_cut() -> None:
+    """Bytes arriving in pieces: the whole batches of every prefix, as the checked walk finds
+    them."""
+    data = b"".join(encode_batch([Record(i, 1, None, bytes(40 * i))], base_offset=i)
+                    for i in range(6))
+    for cut in range(len(data) + 1):
+        expected = 0
+        for h in iter_batch_headers(data[:cut], allow_truncated_tail=True):
+            expected = h.end_position
+        assert whole_batches_end(data[:cut]) == expected, cut
+        assert whole_batches_end(data, 0, cut) == expected, cut
+
+
+@pytest.mark.parametrize(("length", "keep"), [(-LOG_OVERHEAD, LOG_OVERHEAD),
+                                              (0, LOG_OVERHEAD),
+                                              (-1, None)])
+def test_whole_batches_end_refuses_a_length_below_a_header(length: int,
+                                                           keep: int | None) -> None:
+    """Found as soon as the length is in, even before the rest of the header: never a
+    zero or negative step, which would walk in place or backwards."""
+    data, starts = _txn_log()
+    hostile = _with_length(data, starts[1], length)
+    if keep is not None:
+        hostile = hostile[:starts[1] + keep]
+    with pytest.raises(CorruptSegmentError) as err:
+        whole_batches_end(hostile)
+    assert err.value.position == starts[1]
+
+
+def test_whole_batches_end_stops_before_a_batch_still_coming() -> None:
+    data, starts = _txn_log()
+    assert whole_batches_end(data[:starts[1] + LOG_OVERHEAD - 1]) == starts[1]  # no length yet
+    assert whole_batches_end(_with_length(data, starts[2], len(data))) == starts[2]
+    bad_magic = bytearray(data)
+    bad_magic[starts[1] + MAGIC_OFFSET] = 1
+    with pytest.raises(CorruptSegmentError, match="magic"):
+        whole_batches_end(bytes(bad_magic))

@@ -312,6 +312,76 @@ def iter_batch_headers(
             pos += header.batch_length + LOG_OVERHEAD
 
 
+#: batchLength, magic and attributes of a batch at its first byte, in one unpack: the lean
+#: walks below make no object per batch
+_LENGTH_MAGIC_ATTRIBUTES = struct.Struct(">8xi4xb4xh")
+
+
+def whole_batches_end(buf: Buffer, start: int = 0, end: int | None = None) -> int:
+    """Where the whole batches of `buf[start:end]` (from a batch boundary) end: the rest is
+    the start of a batch still to come. A lean walk for bytes arriving in pieces: lengths and
+    magic only, no CRC and no object per batch (check what it covers with
+    `iter_batch_headers`). CorruptSegmentError (`position` in `buf`) when a length is below a
+    header's or a whole batch's magic is not 2; a batch running past `end`, or a tail too
+    short to hold its length, ends the run there."""
+    with memoryview(buf) as view:
+        end = _bounded(view, start, end)
+        unpack, pos = _LENGTH_MAGIC_ATTRIBUTES.unpack_from, start
+        while end - pos >= LOG_OVERHEAD:
+            if end - pos >= _LENGTH_MAGIC_ATTRIBUTES.size:
+                length, magic, _attributes = unpack(view, pos)
+            else:  # a tail with its length but not its magic: a batch still to come
+                (length,), magic = _BATCH_LENGTH.unpack_from(view, pos + LENGTH_OFFSET), MAGIC_V2
+            if length < MIN_BATCH_LENGTH:
+                raise CorruptSegmentError(
+                    f"batch length {length} is below the minimum {MIN_BATCH_LENGTH}",
+                    position=pos)
+            after = pos + LOG_OVERHEAD + length
+            if after > end:
+                break
+            if magic != MAGIC_V2:
+                raise CorruptSegmentError(
+                    f"unsupported magic {magic}: only record batch v2 (magic 2) is read",
+                    position=pos)
+            pos = after
+        return pos
+
+
+def any_batch_has(buf: Buffer, mask: int, start: int = 0, end: int | None = None) -> bool:
+    """Whether a batch of `buf[start:end]` (whole batches) has one of the attribute bits of
+    `mask` (`TRANSACTIONAL_MASK`, `CONTROL_MASK`): one pass over the headers where they lie,
+    no object per batch, every length checked against the range before it is followed.
+    CorruptSegmentError (`position` in `buf`) when the range is not whole batches."""
+    with memoryview(buf) as view:
+        end = _bounded(view, start, end)
+        unpack, pos = _LENGTH_MAGIC_ATTRIBUTES.unpack_from, start
+        while pos < end:
+            if end - pos < BATCH_HEADER.size:
+                raise TruncatedBatchError(
+                    f"truncated batch: {end - pos} bytes left, a header needs "
+                    f"{BATCH_HEADER.size}", position=pos)
+            length, magic, attributes = unpack(view, pos)
+            if length < MIN_BATCH_LENGTH or magic != MAGIC_V2:
+                raise CorruptSegmentError(
+                    f"bad batch header (magic {magic}, length {length})", position=pos)
+            if pos + LOG_OVERHEAD + length > end:
+                raise TruncatedBatchError(
+                    f"truncated batch: needs {LOG_OVERHEAD + length} bytes, "
+                    f"{end - pos} left", position=pos)
+            if attributes & mask:
+                return True
+            pos += LOG_OVERHEAD + length
+        return False
+
+
+def _bounded(view: memoryview, start: int, end: int | None) -> int:
+    """`end` (default: the buffer's end) once [start, end) is checked to lie in `view`."""
+    end = len(view) if end is None else end
+    if not 0 <= start <= end <= len(view):
+        raise ValueError(f"range [{start}, {end}) is outside the {len(view)}-byte buffer")
+    return end
+
+
 def _decode_records(data: bytes, header: BatchHeader) -> tuple[Record, ...]:
     """Parse `header.records_count` records from the (decompressed) records area `data`.
 

@@ -31,30 +31,44 @@ and the archiver only uploads data below the broker's high watermark.
 from __future__ import annotations
 
 import datetime
+import io
+import logging
 import os
 import struct
-from collections.abc import Hashable, Iterator
+import threading
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.serial import entity_writer
 
 from cache.fetched_bytes import FilePiece, Pieces
 from cache.reader import FetchedPieces, InvalidRequest, UnknownPartition
 from manifests.security import Operation
 from tiered.app.kafka_api.context import Connection, FetchLimits, Services, error_code_of
-from tiered.app.kafka_api.messages import build, nested, response_class
-from tiered.app.kafka_api.wire import Reply, Request, new_marker
-from tiered.errors import OffsetOutOfRange, TieredError
+from tiered.app.kafka_api.messages import build, nested, request_class, response_class
+from tiered.app.kafka_api.wire import (
+    Reply,
+    Request,
+    encode_response,
+    new_marker,
+    parse_request,
+)
+from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
 from tiered.kafka.records import (
     ATTRIBUTES_OFFSET,
     BATCH_HEADER,
     LENGTH_OFFSET,
     LOG_OVERHEAD,
+    MIN_BATCH_LENGTH,
     TRANSACTIONAL_MASK,
+    any_batch_has,
 )
 
-__all__ = ["handle_fetch"]
+__all__ = ["handle_fetch", "warm_up", "warm_up_in_background"]
+
+log = logging.getLogger(__name__)
 
 FETCH = 1
 #: how often a fetch waiting at the log end looks for new data, seconds
@@ -120,6 +134,51 @@ def handle_fetch(svc: Services, conn: Connection, req: Request) -> Reply:
     except BaseException:
         _close(answer)
         raise
+
+
+def warm_up(versions: Iterable[int]) -> None:
+    """Load what answering a Fetch of each of `versions` takes, by parsing a request and
+    encoding an answer of each: kio's generated classes of every Fetch version are imported
+    on first use, and their readers, writers and frame checks built then, a fifth of a
+    second of interpreter (docs/performance.md, `kafka_read.py`). The server runs this on a
+    thread of its own when it starts, so a consumer's first Fetch does not pay for it."""
+    for v in versions:
+        req_cls = request_class(FETCH, v)
+        head_cls = req_cls.__header_schema__
+        frame = io.BytesIO()
+        entity_writer(head_cls)(frame, build(
+            head_cls, request_api_key=FETCH, request_api_version=v, correlation_id=0,
+            client_id="tiered-warm-up"))
+        partition = build(nested(req_cls, "FetchPartition"), partition=0, fetch_offset=0,
+                          partition_max_bytes=1)
+        topic = build(nested(req_cls, "FetchTopic"), topic="t", partitions=(partition,))
+        entity_writer(req_cls)(frame, build(
+            req_cls, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=1,
+            max_bytes=1, session_epoch=-1, topics=(topic,)))
+        parse_request(frame.getvalue())
+        cls = response_class(FETCH, v)
+        part = build(nested(cls, "PartitionData"), partition_index=0, error_code=ErrorCode.none,
+                     high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
+                     aborted_transactions=(), preferred_read_replica=-1, records=b"")
+        encode_response(0, build(
+            cls, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=0,
+            responses=(build(nested(cls, "FetchableTopicResponse"), topic="t",
+                             partitions=(part,)),)))
+
+
+def warm_up_in_background(versions: Iterable[int]) -> threading.Thread:
+    """`warm_up` on a daemon thread of its own (started; returned so a caller may join it). A
+    failure is logged, never raised: the first Fetch then loads what it needs itself."""
+
+    def run() -> None:
+        try:
+            warm_up(versions)
+        except Exception:
+            log.exception("preparing the Fetch messages ahead failed; the first Fetch will")
+
+    thread = threading.Thread(target=run, name="kafka-fetch-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def _distinct(svc: Services, body: Any, version: int) -> list[_Partition]:
@@ -264,25 +323,41 @@ def _bounds(svc: Services, topic: str, out: _Partition) -> None:
 
 def _any_transactional(pieces: Pieces) -> bool:
     """Whether a batch of `pieces` (each part whole batches) is transactional: its headers
-    are read where they lie (a few bytes per batch)."""
-    return any(attributes & TRANSACTIONAL_MASK for attributes in _attributes(pieces))
+    are read where they lie (a few bytes per batch), from the chunk's mapping when the piece
+    has one. Parts that do not walk as whole batches (never expected: they were checked
+    before they were served) count as transactional: the aborted transactions are then
+    looked up, which costs a lookup, never a wrong answer."""
+    try:
+        for part in pieces.parts:
+            if not isinstance(part, FilePiece):
+                found = any_batch_has(part, TRANSACTIONAL_MASK)
+            elif part.mapping is not None:
+                found = any_batch_has(part.mapping, TRANSACTIONAL_MASK, part.offset,
+                                      part.offset + part.length)
+            else:
+                found = _file_any_transactional(part)
+            if found:
+                return True
+    except (CorruptSegmentError, ValueError):
+        return True
+    return False
 
 
-def _attributes(pieces: Pieces) -> Iterator[int]:
-    for part in pieces.parts:
-        if isinstance(part, FilePiece):
-            pos, end = part.offset, part.offset + part.length
-            while pos + BATCH_HEADER.size <= end:
-                head = os.pread(part.fd, ATTRIBUTES_OFFSET + _ATTRIBUTES.size, pos)
-                if len(head) < ATTRIBUTES_OFFSET + _ATTRIBUTES.size:
-                    return
-                yield _ATTRIBUTES.unpack_from(head, ATTRIBUTES_OFFSET)[0]
-                pos += LOG_OVERHEAD + _LENGTH.unpack_from(head, LENGTH_OFFSET)[0]
-        else:
-            pos = 0
-            while pos + BATCH_HEADER.size <= len(part):
-                yield _ATTRIBUTES.unpack_from(part, pos + ATTRIBUTES_OFFSET)[0]
-                pos += LOG_OVERHEAD + _LENGTH.unpack_from(part, pos + LENGTH_OFFSET)[0]
+def _file_any_transactional(part: FilePiece) -> bool:
+    """`_any_transactional` of a file range without a mapping, a header read at a time;
+    lengths checked against the range as `any_batch_has` checks them."""
+    pos, end = part.offset, part.offset + part.length
+    while pos < end:
+        head = os.pread(part.fd, ATTRIBUTES_OFFSET + _ATTRIBUTES.size, pos)
+        if end - pos < BATCH_HEADER.size or len(head) < ATTRIBUTES_OFFSET + _ATTRIBUTES.size:
+            raise CorruptSegmentError("truncated batch header", position=pos)
+        length = _LENGTH.unpack_from(head, LENGTH_OFFSET)[0]
+        if length < MIN_BATCH_LENGTH or pos + LOG_OVERHEAD + length > end:
+            raise CorruptSegmentError(f"bad batch length {length}", position=pos)
+        if _ATTRIBUTES.unpack_from(head, ATTRIBUTES_OFFSET)[0] & TRANSACTIONAL_MASK:
+            return True
+        pos += LOG_OVERHEAD + length
+    return False
 
 
 def _reply(req: Request, cls: type[Any], answer: list[_Partition]) -> Reply:

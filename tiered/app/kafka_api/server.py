@@ -41,6 +41,7 @@ from tiered.app.kafka_api.auth import Guard
 from tiered.app.kafka_api.catalog import Catalog
 from tiered.app.kafka_api.context import Connection, FetchLimits, Node, Services
 from tiered.app.kafka_api.coordinator import GroupSettings
+from tiered.app.kafka_api.fetch import warm_up_in_background
 from tiered.app.kafka_api.groups import GroupCoordinator, OffsetLimits
 from tiered.app.kafka_api.ratelog import OncePerKey
 from tiered.app.kafka_api.sasl import raw_token
@@ -171,6 +172,9 @@ class KafkaServer:
             guard=self._guard)
         catalog.start()
         groups.start()
+        # kio's Fetch classes load on first use: now, not in a consumer's first Fetch
+        fetch = APIS[1]
+        warm_up_in_background(range(fetch.min_version, fetch.max_version + 1))
         self._server.start()
         log.info("Kafka endpoint on %s%s (advertised as %s:%d), read-only", self.listen_address,
                  " (TLS)" if self._ssl else "", host, port)

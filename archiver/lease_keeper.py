@@ -32,14 +32,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from archiver.assignment import Member, Moves, plan_moves
+from archiver.assignment import Member, Moves
+from archiver.lease_watch import History, PeerWatch, note_watermarks, replica_state
 from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, StaleTerm
@@ -47,7 +47,6 @@ from manifests.lease_objects import (
     Lease,
     NodeRecord,
     PartitionId,
-    ReplicaState,
     delete_node_record,
     iter_node_records,
     read_lease,
@@ -184,20 +183,6 @@ class LeaseView:
 
 
 @dataclass
-class _PeerRecord:
-    """What this keeper knows of another node's record."""
-
-    etag: str
-    #: when this keeper first saw the current version (monotonic seconds)
-    changed_at: float
-    record: NodeRecord | None = None
-    read_at: float = float("-inf")
-    read_etag: str | None = None
-    #: listed before, missing from the last listing: it stopped cleanly
-    gone: bool = False
-
-
-@dataclass
 class _HeldLease:
     """A lease this node holds: the generation it wrote."""
 
@@ -206,16 +191,12 @@ class _HeldLease:
     verified: bool = True
 
 
-#: (monotonic seconds, high watermark) samples of one replica, oldest first
-_History = deque[tuple[float, int]]
-
-
 @dataclass
 class _KeeperState:
     """What the keeper learns as it ticks: replicas' progress, its leases, and until when its
     own record is known valid."""
 
-    replicas: dict[PartitionId, _History] = field(default_factory=dict)
+    replicas: dict[PartitionId, History] = field(default_factory=dict)
     held: dict[PartitionId, _HeldLease] = field(default_factory=dict)
     valid_until: float = float("-inf")
     sequence: int = 0
@@ -255,23 +236,17 @@ class LeaseKeeper:
         self._wall = wall
         self._lock = threading.Lock()
         self._state = _KeeperState()
-        self._seen: dict[str, _PeerRecord] = {}
-        self._watch_start: float | None = None
+        self._peers = PeerWatch(node, self.lease_s, lease_ms, passive=passive, lock=self._lock,
+                                clock=clock, wall=wall)
         self._last_renew = float("-inf")
         self._stats = LeaseStats(node=node)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._problem: str | None = None
-        #: since when (monotonic) each of this node's partitions has had no live holder
-        self._unheld_since: dict[PartitionId, float] = {}
-        #: nodes holding partitions the assignment gives this one
-        self._waiting_on: set[str] = set()
         #: damaged objects already reported
         self._warned: set[str] = set()
         #: heads read or committed while taking leases, not yet handed to the archiver
         self._heads: dict[PartitionId, tuple[PartitionManifest, str | None]] = {}
-        #: the node records have been listed at least once
-        self._listed = False
         #: this node's own record was renewed recently by another process (a daemon beside
         #: an `archive --once`): a passive keeper then leaves the record to it
         self._guest = False
@@ -289,24 +264,16 @@ class LeaseKeeper:
     def publish(self, replicas: Mapping[PartitionId, int]) -> None:
         now = self._clock()
         with self._lock:
-            history = self._state.replicas
-            for pid in list(history):
-                if pid not in replicas:
-                    del history[pid]
-            for pid, hw in replicas.items():
-                samples = history.setdefault(pid, deque())
-                if not samples or samples[-1][1] != hw or now - samples[-1][0] >= self.renew_s:
-                    samples.append((now, hw))
-                # keep one sample at least a lease time old, and nothing older than needed
-                while len(samples) > 2 and now - samples[1][0] >= self.lease_s:
-                    samples.popleft()
+            note_watermarks(self._state.replicas, replicas, now, every_s=self.renew_s,
+                            keep_s=self.lease_s)
 
     def role(self, pid: PartitionId) -> Role:
         with self._lock:
             held = self._state.held.get(pid)
             if held is not None and held.verified and self._clock() < self._state.valid_until:
                 return Role(True, held.generation, self._node)
-        return Role(False, None, self._holder_of(pid))
+        with self._lock:
+            return Role(False, None, self._peers.holder_of(pid))
 
     def lost(self, pid: PartitionId) -> None:
         with self._lock:
@@ -334,15 +301,6 @@ class LeaseKeeper:
         """The leases this process holds and trusts, by generation."""
         with self._lock:
             return {p: h.generation for p, h in self._state.held.items() if h.verified}
-
-    def _holder_of(self, pid: PartitionId) -> str | None:
-        best: tuple[int, str] | None = None
-        with self._lock:
-            for node, seen in self._seen.items():
-                if seen.record is not None and pid in seen.record.holding and node != self._node:
-                    candidate = (seen.record.holding[pid], node)
-                    best = candidate if best is None or candidate > best else best
-        return None if best is None else best[1]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -392,8 +350,7 @@ class LeaseKeeper:
     def tick(self) -> None:
         """Renew (when due), watch the others, and move partitions as the assignment says."""
         now = self._clock()
-        if self._watch_start is None:
-            self._watch_start = now
+        self._peers.start(now)
         with self._lock:
             if now >= self._state.valid_until:
                 for lease in self._state.held.values():
@@ -415,15 +372,13 @@ class LeaseKeeper:
             members = self._members()
             with self._lock:
                 held = set(self._state.held)
-            orphaned = self._orphaned()
+                orphaned = self._peers.orphaned(self._clock())
             if self._guest:  # beside this node's daemon: work under exactly its leases
-                own = self._seen[self._node].record
+                own = self._peers.seen[self._node].record
                 moves = Moves(acquire=tuple(sorted(
                     pid for pid in (own.holding if own else ()) if pid not in held)))
-            else:
-                moves = plan_moves(self._node, members, held, passive=self.passive,
-                                   orphaned=orphaned, max_releases=self._max_releases(members))
-                self._waiting_on = set(moves.waiting_on)
+            else:  # skipped when nothing it depends on changed (archiver.lease_watch)
+                moves = self._peers.plan(members, held, orphaned)
             changed = False
             for pid, to in moves.release:
                 changed |= bool(self._release(pid, reason=f"handing over to {to}"))
@@ -450,7 +405,7 @@ class LeaseKeeper:
             record = NodeRecord(
                 self._node, self._state.sequence, int(self._wall() * 1000), self.lease_ms,
                 passive=self.passive,
-                replicas={pid: self._replica_state(samples, now)
+                replicas={pid: replica_state(samples, now, self.lease_s)
                           for pid, samples in self._state.replicas.items() if samples},
                 holding={p: h.generation for p, h in self._state.held.items() if h.verified})
         started = self._clock()
@@ -466,39 +421,16 @@ class LeaseKeeper:
             with self._lock:
                 self._state.valid_until = started + self.lease_s - self.renew_s
 
-    def _replica_state(self, samples: _History, now: float) -> ReplicaState:
-        ago = -1
-        for t, hw in samples:
-            if now - t >= self.lease_s:
-                ago = hw
-        return ReplicaState(samples[-1][1], ago)
-
     def _observe(self, now: float) -> None:
         """One listing of the node records (which alone tells renewals, by their versions, and
         clean stops, by a missing record), and a read of the records whose contents are due."""
         self._count()
-        listed = list(iter_node_records(self.store))
-        self._listed = True
-        reads: dict[str, tuple[NodeRecord, str] | None] = {}
+        listed = [(node, etag) for node, etag, _ in iter_node_records(self.store)]
         with self._lock:
-            for known in self._seen.values():
-                known.gone = True
-            for node, etag, _ in listed:
-                seen = self._seen.get(node)
-                if seen is None:
-                    seen = self._seen[node] = _PeerRecord(etag, now)  # a full lease time from now
-                elif seen.etag != etag:
-                    seen.etag, seen.changed_at = etag, now
-                seen.gone = False
-                # each renewal changes a record; its contents matter at most every half
-                # lease, except a node holding what this one is waiting for. A daemon never
-                # reads its own (at thousands of partitions, the largest record there is)
-                if node == self._node and not self.passive:
-                    continue
-                if seen.record is None or (seen.read_etag != etag and (
-                        now - seen.read_at >= self.lease_s / 2 or node in self._waiting_on)):
-                    reads[node] = None
-        for node in reads:
+            due = self._peers.note_listing(listed, now)
+        reads: dict[str, tuple[NodeRecord, str] | None] = {}
+        for node in due:
+            reads[node] = None
             self._count()
             try:
                 reads[node] = read_node_record(self.store, node)
@@ -506,16 +438,10 @@ class LeaseKeeper:
                 self._warn_once(f"node {node}", f"the record of node {node} is unreadable "
                                 f"({err}); counting that node out")
         with self._lock:
-            for node, got in reads.items():
-                seen = self._seen[node]
-                if got is None:
-                    continue
-                seen.record, seen.read_etag = got
-                seen.read_at = now
-                if seen.read_etag != seen.etag:
-                    seen.etag, seen.changed_at = seen.read_etag, now
-            self._track_unheld(now)
-            own = self._seen.get(self._node)
+            self._peers.note_reads(reads, now)
+            self._peers.track_unheld(now, self._state.replicas, [
+                pid for pid, h in self._state.held.items() if h.verified])
+            own = self._peers.seen.get(self._node)
             if self.passive:
                 self._guest = False
                 if own is not None and own.record is not None and not own.record.passive \
@@ -527,73 +453,16 @@ class LeaseKeeper:
                         self._guest = True
                         self._state.valid_until = now + (left_ms / 1000 - self.renew_s)
 
-    def _track_unheld(self, now: float) -> None:
-        """Note since when each of this node's partitions has had no live holder advertising
-        it (under the lock)."""
-        advertised = {pid for node, seen in self._seen.items()
-                      if node != self._node and seen.record is not None
-                      and self._alive(node, now) for pid in seen.record.holding}
-        advertised |= {pid for pid, h in self._state.held.items() if h.verified}
-        for pid in list(self._unheld_since):
-            if pid in advertised or pid not in self._state.replicas:
-                del self._unheld_since[pid]
-        for pid in self._state.replicas:
-            if pid not in advertised:
-                self._unheld_since.setdefault(pid, now)
-
-    def _alive(self, node: str, now: float | None = None) -> bool:
-        """Whether `node` counts as running: its record changed within its lease time as this
-        keeper watched it, and it has not deleted it (a clean stop). A passive keeper (a
-        one-shot command, which cannot watch for a lease time) goes by the record's own
-        renewal time instead, trusting the clocks to agree within a lease time."""
-        if node == self._node:
-            return True
-        now = self._clock() if now is None else now
-        seen = self._seen.get(node)
-        if seen is None:
-            if self.passive and self._listed:
-                # no record: stopped cleanly (which releases its leases), or never started; a
-                # one-shot cannot watch for a lease time and goes by the records it finds
-                return False
-            # never listed while we watched: gone once we have watched for a lease time
-            return self._watch_start is not None and now - self._watch_start < self.lease_s
-        record = seen.record
-        lease_s = max(self.lease_s, record.lease_ms / 1000) if record else self.lease_s
-        if seen.gone:
-            return False
-        if self.passive and record is not None:
-            return self._wall() * 1000 - record.renewed_ms < lease_s * 1000
-        return now - seen.changed_at < lease_s
-
     def _members(self) -> list[Member]:
         """The live members as their records say, with this node as this process knows it."""
         now = self._clock()
-        members = []
         with self._lock:
-            for node, seen in self._seen.items():
-                r = seen.record
-                if node == self._node or r is None or not self._alive(node, now):
-                    continue
-                members.append(Member(node, r.replicas, r.holding, r.passive))
-            replicas = {pid: self._replica_state(s, now)
+            members = self._peers.others(now)
+            replicas = {pid: replica_state(s, now, self.lease_s)
                         for pid, s in self._state.replicas.items() if s}
             holding = {p: h.generation for p, h in self._state.held.items() if h.verified}
         members.append(Member(self._node, replicas, holding, self.passive))
         return members
-
-    def _orphaned(self) -> set[PartitionId]:
-        """Partitions that no live node has advertised for a lease time (counted from when
-        this keeper started watching): whoever the assignment names is not taking them."""
-        now = self._clock()
-        with self._lock:
-            return {pid for pid, since in self._unheld_since.items()
-                    if now - since >= self.lease_s}
-
-    def _max_releases(self, members: list[Member]) -> int:
-        active = [m for m in members if not m.passive]
-        partitions = {pid for m in active for pid in m.replicas}
-        share = -(-len(partitions) // max(1, len(active)))
-        return max(1, share // 4)
 
     # -- moves -------------------------------------------------------------------------------
 
@@ -602,8 +471,8 @@ class LeaseKeeper:
         with self._lock:
             doubtful = [pid for pid, h in self._state.held.items() if not h.verified]
             # another live node advertising a newer generation took it
-            for node, seen in self._seen.items():
-                if node == self._node or seen.record is None or not self._alive(node):
+            for node, seen in self._peers.seen.items():
+                if node == self._node or seen.record is None or not self._peers.alive(node):
                     continue
                 for pid, generation in seen.record.holding.items():
                     held = self._state.held.get(pid)
@@ -698,7 +567,7 @@ class LeaseKeeper:
                          pid, self.holdings().get(pid, lease.generation))
                 return 1
             previous = None if lease is None else lease.holder
-            if previous is not None and self._alive(previous) and not force:
+            if previous is not None and self._peers.alive(previous) and not force:
                 return 0  # it hands over itself when the assignment says so
             if self._guest:
                 return 0  # only this node's daemon takes leases

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from archiver import assignment
 from archiver.lease_keeper import LeaseKeeper
 from manifests import edits
 from manifests.commit import ManifestStore
@@ -201,6 +202,45 @@ def test_a_holder_whose_replica_falls_behind_hands_over(
             break
     assert not a.holdings() and len(b.holdings()) == len(PARTS)
     assert a.stats().released_total - released == len(mine)  # handed over, not taken
+
+
+def test_an_unchanged_tick_skips_the_assignment_and_a_changed_record_does_not(
+        store: ObjectStore, clock: Clock, make: Callable[..., LeaseKeeper],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = make("a"), make("b")
+    settle(clock, [a, b])
+    # past a lease time of watching, the records' high watermarks of a lease ago are known
+    for _ in range(12):
+        for k in (a, b):
+            k.tick()
+        clock.t += LEASE_MS / 6000
+    held = (a.holdings(), b.holdings())
+    calls: list[int] = []
+    real = assignment.assign
+
+    def counted(members: Any) -> dict[PartitionId, str]:
+        calls.append(len(members))
+        return real(members)
+
+    monkeypatch.setattr(assignment, "assign", counted)
+    # two lease times of ticks: both renew and re-read each other's record, nothing changed
+    for _ in range(12):
+        for k in (a, b):
+            k.tick()
+        clock.t += LEASE_MS / 6000
+    assert calls == []
+    assert (a.holdings(), b.holdings()) == held
+    # b's replicas move on: once a has read b's renewed record, it plans again
+    b.publish({p: 2000 for p in PARTS})
+    for _ in range(12):
+        b.tick()
+        calls.clear()
+        a.tick()
+        if calls:
+            break
+        clock.t += LEASE_MS / 6000
+    assert calls == [2]
+    assert (a.holdings(), b.holdings()) == held
 
 
 def test_a_one_shot_beside_its_daemon_works_under_the_daemons_leases(

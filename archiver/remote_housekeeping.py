@@ -1,0 +1,178 @@
+"""Remote housekeeping of the partitions this node uploads: remote retention, garbage
+collection of replaced segments, expired archived manifests and orphans
+(`archiver.retention.GarbageCollector`), one partition at a time under its lock.
+
+`RemoteHousekeeper` decides from the bucket as it is now, never from the cursor's copy (another
+writer may have committed since); a partition whose last full housekeeping found nothing
+waiting, and whose head has nothing due, is only proven unchanged (one HEAD): `quiet`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from archiver.lease_keeper import Ownership
+from archiver.partition_state import PartitionState, fencing_term, role_of
+from archiver.reports import ArchiverStats, PartitionReport, PassReport
+from archiver.retention import GarbageCollector, retention_start_offset
+from archiver.space import RetentionLimits
+from archiver.uploader import UploadOutcome
+from manifests import edits
+from manifests.commit import ManifestStore
+from manifests.errors import HistoryWithoutHead, ManifestConflict, StaleTerm
+from manifests.manifest import PartitionManifest
+from tiered.config import TopicConfig
+from tiered.errors import TieredError
+from tiered.kafka.checkpoints import TopicPartition
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RemoteHousekeeper", "keep_housekept"]
+
+
+def keep_housekept(state: PartitionState, before: str | None, out: UploadOutcome,
+                   now_ms: int) -> None:
+    """After a round: its objects are all named by the head it committed when nothing
+    failed, raced or was left behind, so a partition that had nothing for garbage
+    collection before the round (its last housekeeping found nothing waiting, or the
+    round created the head after a listing that held nothing else) still has nothing
+    (`RemoteHousekeeper.quiet`). Any other outcome leaves it to a full housekeeping."""
+    if not out.commits:
+        return
+    carried = before is not None and before == state.housekept_etag
+    clean = out.error is None and not out.conflicts and not out.upload_errors and (
+        out.listed_clean or carried)
+    state.housekept_etag = state.cursor.etag if clean else None
+    if clean and not carried:
+        state.housekept_ms = now_ms
+
+
+class RemoteHousekeeper:
+    """Housekeeps the partitions of a remote-write topic whose lease this node holds, and
+    counts what it did in the archiver's `stats` (under the archiver's `lock`)."""
+
+    def __init__(self, mstore: ManifestStore, gc: GarbageCollector,
+                 ownership: Callable[[], Ownership], *, topic_config: Callable[[str], TopicConfig],
+                 now_ms: Callable[[], int], stats: ArchiverStats, lock: threading.RLock) -> None:
+        self.mstore = mstore
+        self.gc = gc
+        self._ownership = ownership
+        self._topic_config = topic_config
+        self._now_ms = now_ms
+        self._stats = stats
+        self._lock = lock
+        #: partitions whose latest housekeeping found history lost (ArchiverStats)
+        self._history_lost: set[TopicPartition] = set()
+
+    @property
+    def ownership(self) -> Ownership:
+        """The archiver's, as it is now (a daemon sets its lease keeper after construction)."""
+        return self._ownership()
+
+    def run(self, states: list[PartitionState], concurrency: int) -> PassReport:
+        """Remote retention, replaced-segment and archived-manifest GC and orphan GC for every
+        partition of a remote-write topic, `budget.concurrency` partitions at a time (each
+        lists its prefixes: one after another, a thousand partitions take minutes)."""
+        if not states:
+            return self.report([])
+        workers = max(1, min(len(states), concurrency))
+        with ThreadPoolExecutor(workers, thread_name_prefix="housekeeping") as pool:
+            return self.report(list(pool.map(self.partition, states)))
+
+    def report(self, results: list[tuple[PartitionReport | None, int]]) -> PassReport:
+        """The report of housekeeping results, counted in the stats."""
+        report = PassReport()
+        for row, deleted in results:
+            report.deleted_remote_objects += deleted
+            if row is not None:
+                report.partitions.append(row)
+        with self._lock:
+            self._stats.remote_deleted_objects_total += report.deleted_remote_objects
+        return report
+
+    def partition(self, state: PartitionState) -> tuple[PartitionReport | None, int]:
+        """The partition's housekeeping row (None: not housekept) and objects it deleted."""
+        tp = state.tp
+        row = PartitionReport(tp.topic, tp.partition, decision="housekept")
+        with state.lock:
+            try:
+                tc = self._topic_config(tp.topic)
+                if not tc.remote_write or not role_of(self.ownership, state).uploader or (
+                        state.fenced_by is not None and state.term <= state.fenced_by):
+                    return None, 0
+                cursor = state.cursor
+                limits = None
+                if tc.remote_retention_applies:
+                    limits = RetentionLimits(tc.retention_ms, tc.retention_bytes)
+                now = self._now_ms()
+                # from the bucket as it is now, never the cursor's copy: another writer (a
+                # merge, a second daemon) may have committed since the cursor last looked;
+                # a quiet partition's copy is only proven unchanged (one HEAD)
+                out = self.gc.housekeep(state.target(), term=state.term, limits=limits,
+                                        now_ms=now, unchanged=self.quiet(state, limits, now))
+                if out.quiet:
+                    return row, 0
+            except StaleTerm as err:
+                state.fenced_by = fencing_term(self.mstore, state)
+                self.ownership.lost(state.pid)
+                row.decision, row.error = "fenced", str(err)
+                return row, 0
+            except ManifestConflict as err:
+                state.cursor.loaded = False
+                row.decision, row.error = "error", f"{err} (retried next pass)"
+                return row, 0
+            except (TieredError, OSError) as err:
+                state.cursor.loaded = False
+                self._lost_history(state.tp, isinstance(err, HistoryWithoutHead))
+                row.decision, row.error = "error", f"{type(err).__name__}: {err}"
+                return row, 0
+            cursor.manifest, cursor.etag = out.manifest, out.etag
+            waiting = out.waiting or out.errors or out.lost_history or out.etag is None
+            state.housekept_etag = None if waiting else out.etag
+            state.housekept_ms = now
+        self._lost_history(state.tp, out.lost_history)
+        with self._lock:
+            self._stats.commits_total += out.commits
+        if out.errors:
+            row.error = "; ".join(out.errors)
+        if out.new_start_offset is not None:
+            row.detail = f"remote start offset now {out.new_start_offset}"
+        return row, out.deleted_objects
+
+    def quiet(self, state: PartitionState, limits: RetentionLimits | None, now_ms: int
+               ) -> tuple[PartitionManifest, str] | None:
+        """The head this process holds when housekeeping has nothing to do on it as long as
+        the bucket still holds that version (`GarbageCollector.housekeep` proves it with one
+        HEAD): the last full housekeeping found nothing waiting (no young orphans, no fault)
+        less than a GC grace period ago and left this version, or every round since only
+        added objects it committed; and the version has nothing due: no replaced segments,
+        no expired archives, nothing remote retention would cut. An orphan another writer
+        left (a fenced holder's late upload, a merge that never committed) waits for the
+        next full pass, at most one grace period away: it could not be collected sooner."""
+        cursor = state.cursor
+        m, etag = cursor.manifest, cursor.etag
+        if (m is None or etag is None or not cursor.loaded or etag != state.housekept_etag
+                or now_ms - state.housekept_ms >= self.gc.grace_ms):
+            return None
+        if m.replaced or edits.expired_archives(m):
+            return None
+        if limits is not None and (limits.ms is not None or limits.bytes is not None):
+            if m.archives:
+                return None  # the history is in archived manifests: read them to decide
+            start = retention_start_offset(lambda: m.segments, limits, now_ms)
+            if start is not None and start > m.log_start_offset:
+                return None
+        return m, etag
+
+
+    def _lost_history(self, tp: TopicPartition, lost: bool) -> None:
+        """Keep the set of partitions whose housekeeping found lost history (a metric)."""
+        with self._lock:
+            if lost:
+                self._history_lost.add(tp)
+            else:
+                self._history_lost.discard(tp)
+            self._stats.partitions_lost_history = len(self._history_lost)

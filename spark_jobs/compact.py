@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import bisect
 import logging
+import pickle
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -65,6 +67,7 @@ from tiered.config import Config, TopicConfig
 from tiered.errors import TieredError
 from tiered.kafka.compaction import ABORTED, IN_DOUBT, transaction_flags
 from tiered.store import open_store
+from tiered.store.base import ObjectStore
 
 if TYPE_CHECKING:
     from pyspark import RDD, Accumulator
@@ -191,56 +194,63 @@ def _segment_of(bounds: dict[int, list[int]], pidx: int, offset: int) -> int:
 # -- the Spark pipeline ------------------------------------------------------------------------
 
 
+#: the store of each settings in this executor process: building a boto3 client loads its
+#: service models (a few hundred ms), and Spark's Python workers are reused from task to task
+#: and stage to stage, so the job pays for it once per worker rather than once per task
+_STORES: dict[bytes, ObjectStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def _executor_store(settings: Any) -> ObjectStore:
+    key = pickle.dumps(settings)
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            store = _STORES[key] = open_store(settings, probe=False)
+        return store
+
+
 def _scan_partition(settings: Any, acc: Accumulator[int], items: Iterable[SegTask]
                     ) -> Iterator[tuple[Any, ...]]:
-    store = open_store(settings, probe=False)
-    try:
-        for task in items:
-            for ev in scan_task(store, task):
-                if ev[0] == SCANNED:
-                    acc.add(ev[3])
-                yield ev
-    finally:
-        store.close()
+    store = _executor_store(settings)
+    for task in items:
+        for ev in scan_task(store, task):
+            if ev[0] == SCANNED:
+                acc.add(ev[3])
+            yield ev
 
 
 def _clean_partition(
     settings: Any, now_ms: int, retention: dict[int, int | None], acc: Accumulator[int],
     items: Iterable[tuple[tuple[int, int], Iterable[tuple[str, Any]]]],
 ) -> Iterator[tuple[tuple[int, int], CleanOut]]:
-    store = open_store(settings, probe=False)
-    try:
-        for key, values in items:
-            task: SegTask | None = None
-            latest: list[bytes] = []
-            flags: list[tuple[int, int]] = []
-            for tag, value in values:
-                if tag == "s":
-                    task = value
-                elif tag == "l":
-                    latest.append(value)
-                else:
-                    flags.append(value)
-            if task is None:  # verdicts for a segment not cleaned (cannot happen): ignored
-                continue
-            out = clean_task(store, task, latest_offsets(latest), flags, now_ms=now_ms,
-                             delete_retention_ms=retention[task.pidx])
-            acc.add(out.stats.get("bytes_in", 0))
-            yield key, out
-    finally:
-        store.close()
+    store = _executor_store(settings)
+    for key, values in items:
+        task: SegTask | None = None
+        latest: list[bytes] = []
+        flags: list[tuple[int, int]] = []
+        for tag, value in values:
+            if tag == "s":
+                task = value
+            elif tag == "l":
+                latest.append(value)
+            else:
+                flags.append(value)
+        if task is None:  # verdicts for a segment not cleaned (cannot happen): ignored
+            continue
+        out = clean_task(store, task, latest_offsets(latest), flags, now_ms=now_ms,
+                         delete_retention_ms=retention[task.pidx])
+        acc.add(out.stats.get("bytes_in", 0))
+        yield key, out
 
 
 def _upload_partition(
     settings: Any, items: Iterable[tuple[int, Iterable[tuple[GroupTask, CleanOut]]]]
 ) -> Iterator[RunResult]:
-    store = open_store(settings, probe=False)
-    try:
-        for _gid, pairs in items:
-            pairs = list(pairs)
-            yield upload_group(store, pairs[0][0], [c for _g, c in pairs])
-    finally:
-        store.close()
+    store = _executor_store(settings)
+    for _gid, pairs in items:
+        pairs = list(pairs)
+        yield upload_group(store, pairs[0][0], [c for _g, c in pairs])
 
 
 def _txn_verdicts(pidx_pid: Any, events: Iterable[Any]) -> Iterator[tuple[tuple[int, int], int]]:

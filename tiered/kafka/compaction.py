@@ -283,6 +283,10 @@ def skim_records(data: bytes, h: BatchHeader, *, path: str | None = None) -> lis
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:
+                b = (b & 0x7F) | (data[pos + 1] << 7)
+                length = (b >> 1) ^ -(b & 1)
+                pos += 2
             else:
                 length, pos = decode_varint(data, pos)
             end = pos + length
@@ -315,6 +319,10 @@ def skim_records(data: bytes, h: BatchHeader, *, path: str | None = None) -> lis
             if b < 0x80:
                 vlen = (b >> 1) ^ -(b & 1)
                 at += 1
+            elif data[at + 1] < 0x80:
+                b = (b & 0x7F) | (data[at + 1] << 7)
+                vlen = (b >> 1) ^ -(b & 1)
+                at += 2
             else:
                 vlen, at = decode_varint(data, at)
             if vlen > 0:

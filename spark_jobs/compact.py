@@ -4,14 +4,15 @@
 The driver loads each partition's head manifest and decides whether it is due
 (`compact_plan.plan_compaction`). For the due partitions, all at once:
 
-1. executors read every cleanable segment object and emit, per keyed record, the MD5 of its
-   key and its offset, and per batch with a producer id a producer event (`scan_task`);
-2. a shuffle builds the key map: `reduceByKey(max)` over (partition, key hash), each winner
-   sent to the segment holding it. Transaction verdicts come from a `groupByKey` over
-   (partition, producer id) (`transaction_flags`); records of aborted or undecided
-   transactions are kept out of the key map by a join on their batch. No key map is ever
-   held whole by the driver or by one executor: each segment receives the offsets of the
-   records it keeps;
+1. executors read every cleanable segment object, walk its records once and emit the
+   segment's latest offset per key MD5, packed per key bucket, and per batch with a producer
+   id a producer event (`scan_task`);
+2. one shuffle builds the key map: a task per (partition, bucket) keeps the latest offset of
+   each key and sends it to the segment holding it (`reduce_bucket`). Transaction verdicts
+   come from a `groupByKey` over (partition, producer id) (`transaction_flags`); records of
+   aborted or undecided transactions are kept out of the key map by a join on their batch.
+   No key map is ever held whole by the driver or by one executor: each segment receives
+   the offsets of the records it keeps;
 3. executors read the segments again and clean them (`tiered.kafka.compaction`); only sizes
    and counts come back to the driver, which groups adjacent cleaned segments up to the
    segment size target (`compact_plan.group_outputs`);

@@ -24,11 +24,13 @@ from tiered.kafka.compaction import (
     SegmentCleaning,
     compact_segment,
     empty_batch,
+    live_txn_entries,
     scan_keys,
 )
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.records import iter_batch_headers
 from tiered.kafka.segment import build_indexes
+from tiered.kafka.txnindex import encode_txnindex, parse_txnindex
 from tiered.store.base import ObjectStore
 from tiered.store.errors import ObjectNotFound
 
@@ -167,6 +169,8 @@ class CleanOut(NamedTuple):
     stats: dict[str, int]
     changed: bool
     error: str | None = None
+    #: `SegmentCleaning.live_markers`: whose aborted transactions keep their index entries
+    live_markers: tuple[int, ...] = ()
 
 
 def clean_task(
@@ -198,7 +202,8 @@ def clean_task(
         "horizons_set": res.horizons_set,
     }
     empty = empty_batch(res.last_header) if res.last_header is not None else b""
-    return CleanOut(task, res.data, empty, stats, res.changed)
+    return CleanOut(task, res.data, empty, stats, res.changed,
+                    live_markers=tuple(res.live_markers))
 
 
 class GroupTask(NamedTuple):
@@ -228,7 +233,7 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
         uploaded_at_ms = store_time_ms(store.head(key).last_modified)
         sent = len(data)
         extra = {"index": index, "timeindex": timeindex}
-        txn = _txn_index(store, run)
+        txn = _txn_index(store, run, {m for c in outs for m in c.live_markers})
         if txn:
             extra["txnindex"] = txn
         for kind, blob in extra.items():
@@ -258,13 +263,15 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
     return RunResult(run, meta, tuple(uploaded), 0, sent, uploaded_at_ms=uploaded_at_ms)
 
 
-def _txn_index(store: ObjectStore, run: RunTask) -> bytes:
-    """The sources' `.txnindex` objects concatenated: aborted transactions keep their entries
-    (a `read_committed` reader of history that still holds their data needs them)."""
-    parts = []
+def _txn_index(store: ObjectStore, run: RunTask, live_markers: set[int]) -> bytes:
+    """The group's `.txnindex`: the sources' entries rewritten as Kafka's cleaner does
+    (`live_txn_entries`): an aborted transaction whose marker went, or whose records were
+    all removed before this pass, loses its entry; the rest in marker order, each once."""
+    entries = []
     for src in run.sources:
+        key = run.data_prefix + keys.index_name(src.name, "txnindex")
         try:
-            parts.append(store.get(run.data_prefix + keys.index_name(src.name, "txnindex")))
+            entries.extend(parse_txnindex(store.get(key), path=key))
         except ObjectNotFound:
             continue
-    return b"".join(parts)
+    return encode_txnindex(live_txn_entries(entries, live_markers))

@@ -20,6 +20,7 @@ from tiered.kafka.compaction import (
     IN_DOUBT,
     KeyEvent,
     ProducerEvent,
+    SegmentCleaning,
     compact_segment,
     empty_batch,
     key_hash,
@@ -396,3 +397,54 @@ def test_splice_batch_writes_what_rebuild_batch_writes(
         want = rebuild_batch(h, [decoded[i] for i in keep], delete_horizon_ms=horizon)
         got = splice_batch(h, area, [skimmed[i] for i in keep], delete_horizon_ms=horizon)
         assert got == want
+
+
+# -- the transaction index of a compacted object ----------------------------------------------
+
+
+def _pass(segments: list[bytes], now: int) -> list[SegmentCleaning]:
+    """One cleaning pass as the job runs it; the `SegmentCleaning` of each segment."""
+    keys: list[KeyEvent] = []
+    producers: dict[int, list[ProducerEvent]] = defaultdict(list)
+    for seg in segments:
+        for ev in scan_segment(seg):
+            (keys.append(ev) if isinstance(ev, KeyEvent) else producers[ev.producer_id].append(ev))
+    flags: dict[int, int] = {}
+    for evs in producers.values():
+        flags.update(transaction_flags(evs))
+    latest: dict[bytes, int] = {}
+    for k in keys:
+        if k.txn_batch is None or not flags.get(k.txn_batch[1], 0) & (ABORTED | IN_DOUBT):
+            latest[k.hash] = max(latest.get(k.hash, -1), k.offset)
+    return [compact_segment(seg, latest=set(latest.values()), flags=flags, now_ms=now,
+                            delete_retention_ms=DAY) for seg in segments]
+
+
+def test_txnindex_entries_of_transactions_whose_records_are_gone_are_dropped() -> None:
+    """The combined `.txnindex` keeps an aborted transaction's entry while this pass removed
+    its data (its marker stays, as in Kafka's cleaner), drops it once its records are all
+    gone, and is sorted by marker offset with duplicates dropped; a commit marker has none."""
+    from tiered.kafka.compaction import live_txn_entries
+    from tiered.kafka.txnindex import AbortedTxn
+
+    seg1 = b"".join(encode(b) for b in [
+        B(0, [(0, b"a", b"kept")]),
+        B(1, [(1, b"a", b"aborted")], pid=7, epoch=0, txn=True),
+        B(2, [(2, b"z", b"z")], pid=7, epoch=0, txn=True, control="abort"),
+        B(3, [(3, b"b", b"late")], pid=9, epoch=0, txn=True),
+    ])
+    seg2 = b"".join(encode(b) for b in [
+        B(4, [(4, b"z", b"z")], pid=9, epoch=0, txn=True, control="abort"),
+        B(5, [(5, b"z", b"z")], pid=8, epoch=0, txn=True, control="abort"),  # no data at all
+        B(6, [(6, b"c", b"n")]),
+    ])
+    entries = [AbortedTxn(9, 3, 4, 5), AbortedTxn(7, 1, 2, 3), AbortedTxn(8, 5, 5, 6),
+               AbortedTxn(7, 1, 2, 3)]  # the same entry twice (sources overlapping)
+    first = _pass([seg1, seg2], now=1_000)
+    live = {m for r in first for m in r.live_markers}
+    assert live == {2, 4}, "pid 8's marker had no data left in the range"
+    assert live_txn_entries(entries, live) == [AbortedTxn(7, 1, 2, 3), AbortedTxn(9, 3, 4, 5)]
+    second = _pass([r.data for r in first], now=2_000)
+    live = {m for r in second for m in r.live_markers}
+    assert live == set(), "the aborted records went in the first pass"
+    assert live_txn_entries(entries, live) == []

@@ -25,7 +25,7 @@ import enum
 import hashlib
 import struct
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import crc32c
@@ -51,6 +51,7 @@ from tiered.kafka.records import (
     decode_batch,
     iter_batch_headers,
 )
+from tiered.kafka.txnindex import AbortedTxn
 from tiered.kafka.varint import append_varint, append_varlong, decode_varint, decode_varlong
 
 #: where lastOffsetDelta sits in a batch: right after attributes (int16)
@@ -515,6 +516,9 @@ class SegmentCleaning:
     changed: bool = False
     #: the last batch of the input (for an empty result: `empty_batch` of it keeps the range)
     last_header: BatchHeader | None = None
+    #: last offsets of the transaction markers kept whose transaction still had data in the
+    #: cleaned range: the only markers whose `.txnindex` entries stay (`live_txn_entries`)
+    live_markers: list[int] = field(default_factory=list)
 
 
 def compact_segment(
@@ -551,6 +555,8 @@ def compact_segment(
                                        now_ms=now_ms)
             cleaned = clean_batch(raw, batch, decision, lambda r: r.offset in latest,
                                   now_ms=now_ms, delete_retention_ms=delete_retention_ms)
+            if cleaned.data and not f & MARKER_DISCARDABLE:
+                res.live_markers.append(h.last_offset)
         else:
             cleaned = clean_data_batch(raw, h, records_area(view, h), f, latest, now_ms=now_ms,
                                        delete_retention_ms=delete_retention_ms, path=path)
@@ -686,3 +692,14 @@ def splice_batch(
                                   f"of range: {err}", position=h.position) from None
     _CRC.pack_into(out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
     return bytes(out)
+
+
+def live_txn_entries(entries: Iterable[AbortedTxn], live_markers: Container[int]
+                     ) -> list[AbortedTxn]:
+    """The `.txnindex` of a compacted object made of several sources, as Kafka's cleaner
+    writes it (`CleanedTransactionMetadata`): an aborted transaction keeps its entry only
+    while its marker is kept and the transaction still had data in the cleaned range
+    (`live_markers`, by marker offset); once its records are all gone the entry goes with
+    them. Entries are in marker order, each once."""
+    kept = {e for e in entries if e.last_offset in live_markers}
+    return sorted(kept, key=lambda e: (e.last_offset, e.first_offset, e.producer_id))

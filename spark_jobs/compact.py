@@ -4,14 +4,15 @@
 The driver loads each partition's head manifest and decides whether it is due
 (`compact_plan.plan_compaction`). For the due partitions, all at once:
 
-1. executors read every cleanable segment object and emit, per keyed record, the MD5 of its
-   key and its offset, and per batch with a producer id a producer event (`scan_task`);
-2. a shuffle builds the key map: `reduceByKey(max)` over (partition, key hash), each winner
-   sent to the segment holding it. Transaction verdicts come from a `groupByKey` over
-   (partition, producer id) (`transaction_flags`); records of aborted or undecided
-   transactions are kept out of the key map by a join on their batch. No key map is ever
-   held whole by the driver or by one executor: each segment receives the offsets of the
-   records it keeps;
+1. executors read every cleanable segment object, walk its records once and emit the
+   segment's latest offset per key MD5, packed per key bucket, and per batch with a producer
+   id a producer event (`scan_task`);
+2. one shuffle builds the key map: a task per (partition, bucket) keeps the latest offset of
+   each key and sends it to the segment holding it (`reduce_bucket`). Transaction verdicts
+   come from a `groupByKey` over (partition, producer id) (`transaction_flags`); records of
+   aborted or undecided transactions are kept out of the key map by a join on their batch.
+   No key map is ever held whole by the driver or by one executor: each segment receives
+   the offsets of the records it keeps;
 3. executors read the segments again and clean them (`tiered.kafka.compaction`); only sizes
    and counts come back to the driver, which groups adjacent cleaned segments up to the
    segment size target (`compact_plan.group_outputs`);
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import bisect
 import logging
+import pickle
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +47,9 @@ from spark_jobs.compact_exec import (
     GroupTask,
     SegTask,
     clean_task,
+    key_bucket,
+    latest_offsets,
+    reduce_bucket,
     scan_task,
     upload_group,
 )
@@ -62,6 +68,7 @@ from tiered.config import Config, TopicConfig
 from tiered.errors import TieredError
 from tiered.kafka.compaction import ABORTED, IN_DOUBT, transaction_flags
 from tiered.store import open_store
+from tiered.store.base import ObjectStore
 
 if TYPE_CHECKING:
     from pyspark import RDD, Accumulator
@@ -166,6 +173,20 @@ def _plan(mstore: ManifestStore, job: PartitionJob, now_ms: int) -> None:
         ))
 
 
+#: segment bytes whose keys one task of the key map reduces, at most (keys are spread over
+#: buckets by digest, so a bucket holds about its share of the partition's distinct keys)
+BUCKET_INPUT_BYTES = 64 * 1024 * 1024
+#: most buckets one partition's key map is cut into (the digest's first 4 bytes pick one)
+MAX_BUCKETS = 1 << 16
+
+
+def key_buckets(cleanable_bytes: int, segments: int, parallelism: int) -> int:
+    """How many buckets a partition's key map is reduced in: one per `BUCKET_INPUT_BYTES` of
+    input, and at least one per core while there are segments enough to feed them."""
+    by_bytes = -(-cleanable_bytes // BUCKET_INPUT_BYTES)
+    return max(1, min(MAX_BUCKETS, max(by_bytes, min(parallelism, segments))))
+
+
 def _segment_of(bounds: dict[int, list[int]], pidx: int, offset: int) -> int:
     """Row index of the segment holding `offset` in partition `pidx`'s cleanable segments."""
     return bisect.bisect_right(bounds[pidx], offset) - 1
@@ -174,44 +195,63 @@ def _segment_of(bounds: dict[int, list[int]], pidx: int, offset: int) -> int:
 # -- the Spark pipeline ------------------------------------------------------------------------
 
 
+#: the store of each settings in this executor process: building a boto3 client loads its
+#: service models (a few hundred ms), and Spark's Python workers are reused from task to task
+#: and stage to stage, so the job pays for it once per worker rather than once per task
+_STORES: dict[bytes, ObjectStore] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def _executor_store(settings: Any) -> ObjectStore:
+    key = pickle.dumps(settings)
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            store = _STORES[key] = open_store(settings, probe=False)
+        return store
+
+
 def _scan_partition(settings: Any, acc: Accumulator[int], items: Iterable[SegTask]
                     ) -> Iterator[tuple[Any, ...]]:
-    store = open_store(settings, probe=False)
-    try:
-        for task in items:
-            for ev in scan_task(store, task):
-                if ev[0] == SCANNED:
-                    acc.add(ev[3])
-                yield ev
-    finally:
-        store.close()
+    store = _executor_store(settings)
+    for task in items:
+        for ev in scan_task(store, task):
+            if ev[0] == SCANNED:
+                acc.add(ev[3])
+            yield ev
 
 
 def _clean_partition(
     settings: Any, now_ms: int, retention: dict[int, int | None], acc: Accumulator[int],
-    items: Iterable[tuple[tuple[int, int], Any]],
+    items: Iterable[tuple[tuple[int, int], Iterable[tuple[str, Any]]]],
 ) -> Iterator[tuple[tuple[int, int], CleanOut]]:
-    store = open_store(settings, probe=False)
-    try:
-        for key, ((task, latest), flags) in items:
-            out = clean_task(store, task, latest or (), flags or (), now_ms=now_ms,
-                             delete_retention_ms=retention[task.pidx])
-            acc.add(out.stats.get("bytes_in", 0))
-            yield key, out
-    finally:
-        store.close()
+    store = _executor_store(settings)
+    for key, values in items:
+        task: SegTask | None = None
+        latest: list[bytes] = []
+        flags: list[tuple[int, int]] = []
+        for tag, value in values:
+            if tag == "s":
+                task = value
+            elif tag == "l":
+                latest.append(value)
+            else:
+                flags.append(value)
+        if task is None:  # verdicts for a segment not cleaned (cannot happen): ignored
+            continue
+        out = clean_task(store, task, latest_offsets(latest), flags, now_ms=now_ms,
+                         delete_retention_ms=retention[task.pidx])
+        acc.add(out.stats.get("bytes_in", 0))
+        yield key, out
 
 
 def _upload_partition(
     settings: Any, items: Iterable[tuple[int, Iterable[tuple[GroupTask, CleanOut]]]]
 ) -> Iterator[RunResult]:
-    store = open_store(settings, probe=False)
-    try:
-        for _gid, pairs in items:
-            pairs = list(pairs)
-            yield upload_group(store, pairs[0][0], [c for _g, c in pairs])
-    finally:
-        store.close()
+    store = _executor_store(settings)
+    for _gid, pairs in items:
+        pairs = list(pairs)
+        yield upload_group(store, pairs[0][0], [c for _g, c in pairs])
 
 
 def _txn_verdicts(pidx_pid: Any, events: Iterable[Any]) -> Iterator[tuple[tuple[int, int], int]]:
@@ -284,6 +324,10 @@ def _compact(
 
     sc = ctx.sc
     settings = ctx.settings
+    for job in due:
+        n = key_buckets(job.plan.cleanable_bytes if job.plan else 0, len(job.tasks),
+                        sc.defaultParallelism)
+        job.tasks = [t._replace(buckets=n) for t in job.tasks]
     tasks = [t for j in due for t in j.tasks]
     by_pidx = {j.pidx: j for j in due}
     bounds = sc.broadcast({j.pidx: j.bounds for j in due})
@@ -299,12 +343,14 @@ def _compact(
         try:
             scanned = events.filter(lambda e: e[0] == SCANNED).collect()
             bytes_read = sum(e[3] for e in scanned)
-            for _tag, pidx, index, _n, error in scanned:
+            for _tag, pidx, index, _n, error, _p, _t in scanned:
                 if error is not None:
                     by_pidx[pidx].errors.append(f"{by_pidx[pidx].part}: segment {index}: {error}")
             bad = {p for p, j in by_pidx.items() if j.errors}
+            counts = _Counts(sum(e[5] for e in scanned if e[1] not in bad),
+                             sum(e[6] for e in scanned if e[1] not in bad))
             cleaned = _clean(events, tasks, bad, bounds, retention, settings, now_ms,
-                             shuffle_parts, acc)
+                             shuffle_parts, acc, counts)
         finally:
             events.unpersist()
     try:
@@ -331,49 +377,66 @@ def _compact(
                                before_commit=before_commit)
 
 
+@dataclass(frozen=True)
+class _Counts:
+    """What the scan found beside keys, over the partitions still compacted: the stages
+    for transactions are left out of a job that has none."""
+
+    producer_batches: int
+    txn_keys: int
+
+
 def _clean(
     events: RDD[Any], tasks: list[SegTask], bad: set[int], bounds: Any,
     retention: dict[int, int | None], settings: Any, now_ms: int, parts: int,
-    acc: Accumulator[int],
+    acc: Accumulator[int], counts: _Counts,
 ) -> RDD[Any]:
-    """Stages 2 and 3: the key map by shuffle, the transaction verdicts, then every segment
-    cleaned; the result (per (pidx, index): `CleanOut`) is persisted for grouping."""
+    """Stages 2 and 3: the key map by one shuffle of packed key buckets, the transaction
+    verdicts (only when some batch has a producer id), then every segment cleaned with what
+    one more shuffle brings it; the result (per (pidx, row): `CleanOut`) is persisted for
+    grouping."""
     from pyspark import StorageLevel
 
     live = events.filter(lambda e: e[1] not in bad)
-    flags = (live.filter(lambda e: e[0] == PRODUCER)
-             .map(lambda e: ((e[1], e[2]), e[3]))
-             .groupByKey(parts)
-             .flatMap(lambda kv: _txn_verdicts(kv[0], kv[1])))
-    flags.persist(StorageLevel.MEMORY_AND_DISK)
-    excluded = flags.filter(lambda kv: bool(kv[1] & (ABORTED | IN_DOUBT)))
-    txn_keys = (live.filter(lambda e: e[0] == TXN_KEY)
-                .map(lambda e: ((e[1], e[2]), (e[3], e[4])))
-                .leftOuterJoin(excluded, parts)
-                .filter(lambda kv: kv[1][1] is None)
-                .map(lambda kv: ((kv[0][0], kv[1][0][0]), kv[1][0][1])))
-    plain_keys = live.filter(lambda e: e[0] == KEY).map(lambda e: ((e[1], e[2]), e[3]))
+    buckets = {t.pidx: t.buckets for t in tasks}
     b = bounds
-
-    def to_segment(kv: tuple[tuple[int, bytes], int]) -> tuple[tuple[int, int], int]:
-        (pidx, _hash), offset = kv
-        return (pidx, _segment_of(b.value, pidx, offset)), offset
-
-    latest = (plain_keys.union(txn_keys)
-              .reduceByKey(max, parts)
-              .map(to_segment)
-              .groupByKey(parts))
-    seg_flags = (flags.map(lambda kv: ((kv[0][0], _segment_of(b.value, kv[0][0], kv[0][1])),
-                                       (kv[0][1], kv[1])))
-                 .groupByKey(parts))
+    flags = None
+    to_clean: list[RDD[Any]] = []
+    key_rows: RDD[Any] = (live.filter(lambda e: e[0] == KEY)
+                .map(lambda e: ((e[1], e[2]), ("k", e[3], e[4], e[5]))))
+    if counts.producer_batches:
+        flags = (live.filter(lambda e: e[0] == PRODUCER)
+                 .map(lambda e: ((e[1], e[2]), e[3]))
+                 .groupByKey(parts)
+                 .flatMap(lambda kv: _txn_verdicts(kv[0], kv[1])))
+        flags.persist(StorageLevel.MEMORY_AND_DISK)
+        to_clean.append(flags.map(
+            lambda kv: ((kv[0][0], _segment_of(b.value, kv[0][0], kv[0][1])),
+                        ("f", (kv[0][1], kv[1])))))
+        if counts.txn_keys:
+            excluded = flags.filter(lambda kv: bool(kv[1] & (ABORTED | IN_DOUBT)))
+            txn_keys = (live.filter(lambda e: e[0] == TXN_KEY)
+                        .map(lambda e: ((e[1], e[2]), (e[3], e[4])))
+                        .leftOuterJoin(excluded, parts)
+                        .filter(lambda kv: kv[1][1] is None)
+                        .map(lambda kv: ((kv[0][0], key_bucket(kv[1][0][0], buckets[kv[0][0]])),
+                                         ("t", kv[1][0][0], kv[1][0][1]))))
+            key_rows = key_rows.union(txn_keys)
+    latest = (key_rows.groupByKey(parts)
+              .flatMap(lambda kv: reduce_bucket(kv[0][0], b.value[kv[0][0]], kv[1]))
+              .map(lambda kv: (kv[0], ("l", kv[1]))))
     segs = events.context.parallelize(
-        [((t.pidx, t.row), t) for t in tasks if t.pidx not in bad],
+        [((t.pidx, t.row), ("s", t)) for t in tasks if t.pidx not in bad],
         max(1, min(len(tasks), parts)))
-    joined = segs.leftOuterJoin(latest, parts).leftOuterJoin(seg_flags, parts)
-    cleaned = joined.mapPartitions(partial(_clean_partition, settings, now_ms, retention, acc))
+    joined: RDD[Any] = segs.union(latest)
+    for rdd in to_clean:
+        joined = joined.union(rdd)
+    cleaned = (joined.groupByKey(parts)
+               .mapPartitions(partial(_clean_partition, settings, now_ms, retention, acc)))
     cleaned.persist(StorageLevel.MEMORY_AND_DISK)
     cleaned.count()  # run stages 2 and 3 while the scan is still persisted
-    flags.unpersist()
+    if flags is not None:
+        flags.unpersist()
     return cleaned
 
 

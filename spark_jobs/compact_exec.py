@@ -6,8 +6,10 @@ on the executor (`spark_jobs.job_context.map_with_store`). The driver side is
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-from collections.abc import Iterable, Iterator
+from array import array
+from collections.abc import Container, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import crc32c
@@ -19,20 +21,23 @@ from spark_jobs.job_context import PartitionRef, job_error
 from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, claim_name, fetch_source
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.compaction import (
-    KeyEvent,
     SegmentCleaning,
     compact_segment,
     empty_batch,
-    scan_segment,
+    live_txn_entries,
+    scan_keys,
 )
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.records import iter_batch_headers
 from tiered.kafka.segment import build_indexes
+from tiered.kafka.txnindex import encode_txnindex, parse_txnindex
 from tiered.store.base import ObjectStore
 from tiered.store.errors import ObjectNotFound
 
 #: event tags of the scan stage (first element of each tuple)
 KEY, TXN_KEY, PRODUCER, SCANNED = "k", "t", "p", "s"
+#: bytes of a key digest (`tiered.kafka.compaction.key_hash`)
+DIGEST = 16
 
 
 class SegTask(NamedTuple):
@@ -47,6 +52,14 @@ class SegTask(NamedTuple):
     compacted: bool
     base_timestamp: int
     max_timestamp: int
+    #: how many key buckets the partition's key map is cut into (`key_bucket`)
+    buckets: int = 1
+
+
+def key_bucket(digest: bytes, buckets: int) -> int:
+    """The bucket of the partition's key map a key digest belongs to: each bucket is reduced
+    by one task, so no executor holds more than its share of a partition's keys."""
+    return int.from_bytes(digest[:4], "big") % buckets if buckets > 1 else 0
 
 
 def _fetch(store: ObjectStore, task: SegTask) -> bytes:
@@ -65,35 +78,84 @@ def _check_range(task: SegTask, data: bytes) -> None:
 
 
 def scan_task(store: ObjectStore, task: SegTask) -> Iterator[tuple[Any, ...]]:
-    """Stage 1: every keyed record and producer batch of one segment, tagged for the driver's
-    shuffles, then one `SCANNED` row (bytes read, error or None). A corrupt or missing object
-    yields only its `SCANNED` row with the error: the partition is then left alone."""
+    """Stage 1: the segment's key map, packed, then its producer batches and transactional
+    keys, tagged for the driver's shuffles, then one `SCANNED` row (bytes read, error or None,
+    producer batches, transactional keys). The key map is the segment's own latest offset per
+    key (superseded records of a segment never reach the shuffle), one
+    `(KEY, pidx, bucket, row, digests, offsets)` row per bucket: the digests concatenated and
+    the offsets as a native int64 array, so the shuffle moves a few large values instead of a
+    tuple per key. A corrupt or missing object yields only its `SCANNED` row with the error:
+    the partition is then left alone."""
     try:
         data = _fetch(store, task)
         _check_range(task, data)
-        events = list(_tag(task.pidx, scan_segment(data, path=task.source.key)))
+        keys = scan_keys(data, path=task.source.key)
     except TieredError as exc:
-        yield (SCANNED, task.pidx, task.row, 0, job_error(exc))
+        yield (SCANNED, task.pidx, task.row, 0, job_error(exc), 0, 0)
         return
-    yield from events
-    yield (SCANNED, task.pidx, task.row, len(data), None)
+    n = task.buckets
+    digests: list[list[bytes]] = [[] for _ in range(n)]
+    offsets = [array("q") for _ in range(n)]
+    if n == 1:
+        digests[0].extend(keys.latest.keys())
+        offsets[0].extend(keys.latest.values())
+    else:
+        for digest, offset in keys.latest.items():
+            b = int.from_bytes(digest[:4], "big") % n
+            digests[b].append(digest)
+            offsets[b].append(offset)
+    for b in range(n):
+        if digests[b]:
+            yield (KEY, task.pidx, b, task.row, b"".join(digests[b]), offsets[b].tobytes())
+    for ev in keys.producers:
+        yield (PRODUCER, task.pidx, ev.producer_id, ev)
+    for last, digest, offset in keys.txn_keys:
+        yield (TXN_KEY, task.pidx, last, digest, offset)
+    yield (SCANNED, task.pidx, task.row, len(data), None, len(keys.producers),
+           len(keys.txn_keys))
 
 
-def _tag(pidx: int, events: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
-    """Tagged events; keys outside transactions are reduced to the segment's own latest
-    offset per key first (a map-side combine bounded by the segment: superseded records of a
-    segment never reach the shuffle)."""
-    latest: dict[bytes, int] = {}
-    for ev in events:
-        if isinstance(ev, KeyEvent):
-            if ev.txn_batch is None:
-                latest[ev.hash] = ev.offset  # offset order: the last one seen is the latest
-            else:
-                yield (TXN_KEY, pidx, ev.txn_batch[1], ev.hash, ev.offset)
-        else:
-            yield (PRODUCER, pidx, ev.producer_id, ev)
-    for digest, offset in latest.items():
-        yield (KEY, pidx, digest, offset)
+def reduce_bucket(
+    pidx: int, bounds: Sequence[int], items: Iterable[tuple[Any, ...]]
+) -> Iterator[tuple[tuple[int, int], bytes]]:
+    """Stage 2, one bucket of one partition's key map: the latest offset of every key, sent to
+    the segment that holds it as `((pidx, row), offsets)` (a native int64 array). `items` are
+    the segments' packed rows `("k", row, digests, offsets)` and the committed transactional
+    keys `("t", digest, offset)`; `bounds` the base offsets of the partition's cleanable
+    segments. Segments are applied in row order, so a later segment's offset of a key replaces
+    an earlier one's without comparing them."""
+    packed: list[tuple[Any, ...]] = []
+    txn: list[tuple[Any, ...]] = []
+    for item in items:
+        (packed if item[0] == "k" else txn).append(item)
+    packed.sort(key=lambda it: it[1])
+    best: dict[bytes, int] = {}
+    for _tag, _row, digests, raw in packed:
+        offs = array("q")
+        offs.frombytes(raw)
+        best.update(zip([digests[i:i + DIGEST] for i in range(0, len(digests), DIGEST)], offs,
+                        strict=True))
+    for _tag, digest, offset in txn:
+        if best.get(digest, -1) < offset:
+            best[digest] = offset
+    winners = sorted(best.values())
+    del best
+    for row, lo_offset in enumerate(bounds):
+        lo = bisect.bisect_left(winners, lo_offset)
+        hi = bisect.bisect_left(winners, bounds[row + 1]) if row + 1 < len(bounds) else len(
+            winners)
+        if hi > lo:
+            yield (pidx, row), array("q", winners[lo:hi]).tobytes()
+
+
+def latest_offsets(parts: Iterable[bytes]) -> set[int]:
+    """The offsets `reduce_bucket` sent one segment, from all buckets, as one set."""
+    out: set[int] = set()
+    for raw in parts:
+        offs = array("q")
+        offs.frombytes(raw)
+        out.update(offs)
+    return out
 
 
 class CleanOut(NamedTuple):
@@ -107,12 +169,14 @@ class CleanOut(NamedTuple):
     stats: dict[str, int]
     changed: bool
     error: str | None = None
+    #: `SegmentCleaning.live_markers`: whose aborted transactions keep their index entries
+    live_markers: tuple[int, ...] = ()
 
 
 def clean_task(
     store: ObjectStore,
     task: SegTask,
-    latest: Iterable[int],
+    latest: Container[int],
     flags: Iterable[tuple[int, int]],
     *,
     now_ms: int,
@@ -123,7 +187,7 @@ def clean_task(
     try:
         data = _fetch(store, task)
         res: SegmentCleaning = compact_segment(
-            data, latest=frozenset(latest), flags=dict(flags), now_ms=now_ms,
+            data, latest=latest, flags=dict(flags), now_ms=now_ms,
             delete_retention_ms=delete_retention_ms, path=task.source.key)
     except TieredError as exc:
         return CleanOut(task, b"", b"", {}, False, job_error(exc))
@@ -138,7 +202,8 @@ def clean_task(
         "horizons_set": res.horizons_set,
     }
     empty = empty_batch(res.last_header) if res.last_header is not None else b""
-    return CleanOut(task, res.data, empty, stats, res.changed)
+    return CleanOut(task, res.data, empty, stats, res.changed,
+                    live_markers=tuple(res.live_markers))
 
 
 class GroupTask(NamedTuple):
@@ -168,7 +233,7 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
         uploaded_at_ms = store_time_ms(store.head(key).last_modified)
         sent = len(data)
         extra = {"index": index, "timeindex": timeindex}
-        txn = _txn_index(store, run)
+        txn = _txn_index(store, run, {m for c in outs for m in c.live_markers})
         if txn:
             extra["txnindex"] = txn
         for kind, blob in extra.items():
@@ -198,13 +263,15 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
     return RunResult(run, meta, tuple(uploaded), 0, sent, uploaded_at_ms=uploaded_at_ms)
 
 
-def _txn_index(store: ObjectStore, run: RunTask) -> bytes:
-    """The sources' `.txnindex` objects concatenated: aborted transactions keep their entries
-    (a `read_committed` reader of history that still holds their data needs them)."""
-    parts = []
+def _txn_index(store: ObjectStore, run: RunTask, live_markers: set[int]) -> bytes:
+    """The group's `.txnindex`: the sources' entries rewritten as Kafka's cleaner does
+    (`live_txn_entries`): an aborted transaction whose marker went, or whose records were
+    all removed before this pass, loses its entry; the rest in marker order, each once."""
+    entries = []
     for src in run.sources:
+        key = run.data_prefix + keys.index_name(src.name, "txnindex")
         try:
-            parts.append(store.get(run.data_prefix + keys.index_name(src.name, "txnindex")))
+            entries.extend(parse_txnindex(store.get(key), path=key))
         except ObjectNotFound:
             continue
-    return b"".join(parts)
+    return encode_txnindex(live_txn_entries(entries, live_markers))

@@ -20,6 +20,7 @@ from tiered.kafka.compaction import (
     IN_DOUBT,
     KeyEvent,
     ProducerEvent,
+    SegmentCleaning,
     compact_segment,
     empty_batch,
     key_hash,
@@ -356,3 +357,94 @@ def test_random_logs_match_the_reference_over_passes(
     before = b"".join(encode(b) for b in batches)
     after = clean([before], now, 100)[0]
     assert after == before, "a pass with nothing new to do changes nothing"
+
+
+# -- the byte-copying rebuild against the decoding one --------------------------------------------
+
+T0 = 1_700_000_000_000
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "lz4", "zstd", "snappy"])
+@pytest.mark.parametrize("timestamp_type", ["create", "log_append"])
+@pytest.mark.parametrize("horizon", [None, T0 + 86_400_000])
+def test_splice_batch_writes_what_rebuild_batch_writes(
+    codec: str, timestamp_type: str, horizon: int | None
+) -> None:
+    """A batch rebuilt from its survivors' bytes is the batch re-encoded from decoded records,
+    byte for byte: multi-byte lengths (large values, headers), timestamp deltas that change
+    width when the first record goes, null keys and values, every codec and timestamp type."""
+    from tiered.kafka.compaction import rebuild_batch, records_area, skim_records, splice_batch
+    from tiered.kafka.records import Header, decode_batch, iter_batch_headers
+
+    rng = random.Random(7)
+    records = []
+    for i in range(40):
+        key = None if i % 7 == 3 else b"k%d" % i
+        value = None if i % 5 == 1 else rng.randbytes(rng.choice([0, 10, 70, 300, 20_000]))
+        headers = (Header("h", b"v" * (i % 3)),) if i % 4 == 0 else ()
+        ts = T0 + (0 if i == 0 else 9_000 + i * 200_003)  # the first record is far behind
+        records.append(Record(100 + 2 * i, ts, key, value, headers))
+    data = encode_batch(records, base_offset=100, compression=codec,
+                        timestamp_type=timestamp_type, producer_id=5, producer_epoch=1,
+                        base_sequence=0)
+    h = next(iter_batch_headers(data))
+    decoded = decode_batch(data, 0).records
+    skimmed = skim_records(records_area(memoryview(data), h), h)
+    assert [(h.base_offset + s[0], s[2], s[3]) for s in skimmed] == [
+        (r.offset, r.key, r.value is None) for r in decoded]
+    area = records_area(memoryview(data), h)
+    for keep in (range(1, 40), range(0, 40, 3), range(39, 40), range(40)):
+        want = rebuild_batch(h, [decoded[i] for i in keep], delete_horizon_ms=horizon)
+        got = splice_batch(h, area, [skimmed[i] for i in keep], delete_horizon_ms=horizon)
+        assert got == want
+
+
+# -- the transaction index of a compacted object ----------------------------------------------
+
+
+def _pass(segments: list[bytes], now: int) -> list[SegmentCleaning]:
+    """One cleaning pass as the job runs it; the `SegmentCleaning` of each segment."""
+    keys: list[KeyEvent] = []
+    producers: dict[int, list[ProducerEvent]] = defaultdict(list)
+    for seg in segments:
+        for ev in scan_segment(seg):
+            (keys.append(ev) if isinstance(ev, KeyEvent) else producers[ev.producer_id].append(ev))
+    flags: dict[int, int] = {}
+    for evs in producers.values():
+        flags.update(transaction_flags(evs))
+    latest: dict[bytes, int] = {}
+    for k in keys:
+        if k.txn_batch is None or not flags.get(k.txn_batch[1], 0) & (ABORTED | IN_DOUBT):
+            latest[k.hash] = max(latest.get(k.hash, -1), k.offset)
+    return [compact_segment(seg, latest=set(latest.values()), flags=flags, now_ms=now,
+                            delete_retention_ms=DAY) for seg in segments]
+
+
+def test_txnindex_entries_of_transactions_whose_records_are_gone_are_dropped() -> None:
+    """The combined `.txnindex` keeps an aborted transaction's entry while this pass removed
+    its data (its marker stays, as in Kafka's cleaner), drops it once its records are all
+    gone, and is sorted by marker offset with duplicates dropped; a commit marker has none."""
+    from tiered.kafka.compaction import live_txn_entries
+    from tiered.kafka.txnindex import AbortedTxn
+
+    seg1 = b"".join(encode(b) for b in [
+        B(0, [(0, b"a", b"kept")]),
+        B(1, [(1, b"a", b"aborted")], pid=7, epoch=0, txn=True),
+        B(2, [(2, b"z", b"z")], pid=7, epoch=0, txn=True, control="abort"),
+        B(3, [(3, b"b", b"late")], pid=9, epoch=0, txn=True),
+    ])
+    seg2 = b"".join(encode(b) for b in [
+        B(4, [(4, b"z", b"z")], pid=9, epoch=0, txn=True, control="abort"),
+        B(5, [(5, b"z", b"z")], pid=8, epoch=0, txn=True, control="abort"),  # no data at all
+        B(6, [(6, b"c", b"n")]),
+    ])
+    entries = [AbortedTxn(9, 3, 4, 5), AbortedTxn(7, 1, 2, 3), AbortedTxn(8, 5, 5, 6),
+               AbortedTxn(7, 1, 2, 3)]  # the same entry twice (sources overlapping)
+    first = _pass([seg1, seg2], now=1_000)
+    live = {m for r in first for m in r.live_markers}
+    assert live == {2, 4}, "pid 8's marker had no data left in the range"
+    assert live_txn_entries(entries, live) == [AbortedTxn(7, 1, 2, 3), AbortedTxn(9, 3, 4, 5)]
+    second = _pass([r.data for r in first], now=2_000)
+    live = {m for r in second for m in r.live_markers}
+    assert live == set(), "the aborted records went in the first pass"
+    assert live_txn_entries(entries, live) == []

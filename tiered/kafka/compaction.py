@@ -25,7 +25,7 @@ import enum
 import hashlib
 import struct
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import crc32c
@@ -40,6 +40,7 @@ from tiered.kafka.records import (
     COMPRESSION_MASK,
     CONTROL_MASK,
     CRC_OFFSET,
+    DELETE_HORIZON_MASK,
     LOG_OVERHEAD,
     MAGIC_V2,
     TIMESTAMP_TYPE_MASK,
@@ -50,7 +51,8 @@ from tiered.kafka.records import (
     decode_batch,
     iter_batch_headers,
 )
-from tiered.kafka.varint import decode_varint, decode_varlong
+from tiered.kafka.txnindex import AbortedTxn
+from tiered.kafka.varint import append_varint, append_varlong, decode_varint, decode_varlong
 
 #: where lastOffsetDelta sits in a batch: right after attributes (int16)
 _LAST_OFFSET_DELTA_AT = ATTRIBUTES_OFFSET + 2
@@ -250,36 +252,130 @@ LAST_OF_PRODUCER = 8  # the producer's last batch in the cleaned range: kept, em
 DATA, TXN_DATA, COMMIT, ABORT, OTHER_CONTROL = range(5)
 
 
-def record_keys(view: memoryview, h: BatchHeader, *, path: str | None = None
-                ) -> list[tuple[int, bytes | None, bool]]:
-    """(offset, key, value is null) of every record of the batch `h` heads in `view`: the
-    fields compaction decides by, without building records (the walk over a segment is the
-    job's hot loop). The batch's CRC was checked when `h` was read."""
+#: one record as `skim_records` sees it: (offset delta, timestamp delta, key or None, value is
+#: null, where the record starts (its length varint), where its attributes byte is, where the
+#: fields after the timestamp delta start, where it ends), positions in the batch's records area
+Skimmed = tuple[int, int, bytes | None, bool, int, int, int, int]
+
+
+def records_area(view: memoryview, h: BatchHeader) -> bytes:
+    """The records of the batch `h` heads in `view`, decompressed."""
+    return codec_by_id(h.attributes & COMPRESSION_MASK).decompress(
+        view[h.position + BATCH_HEADER.size:h.end_position])
+
+
+def skim_records(data: bytes, h: BatchHeader, *, path: str | None = None) -> list[Skimmed]:
+    """Every record of the batch `h` heads, from its records area `data`, as `Skimmed`: the
+    fields compaction decides by and the positions that let a rebuilt batch copy a record's
+    bytes instead of decoding and re-encoding it. Values and headers are stepped over, not
+    read; every length is checked against the record's own length (the walk is the job's hot
+    loop, so the one-byte varints are decoded inline). The batch's CRC was checked when `h`
+    was read."""
+    out: list[Skimmed] = []
+    append = out.append
+    last_delta = h.last_offset_delta
+    size = len(data)
+    pos = 0
+    prev = -1
     try:
-        data = codec_by_id(h.attributes & COMPRESSION_MASK).decompress(
-            view[h.position + BATCH_HEADER.size:h.end_position])
-        out = []
-        pos = 0
         for _ in range(h.records_count):
-            length, pos = decode_varint(data, pos)
+            start = pos
+            b = data[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                b = (b & 0x7F) | (data[pos + 1] << 7)
+                length = (b >> 1) ^ -(b & 1)
+                pos += 2
+            else:
+                length, pos = decode_varint(data, pos)
             end = pos + length
-            _ts, at = decode_varlong(data, pos + 1)
-            delta, at = decode_varint(data, at)
-            klen, at = decode_varint(data, at)
-            key = None if klen < 0 else data[at:at + klen]
-            at += max(klen, 0)
-            vlen, at = decode_varint(data, at)
-            if length < 0 or end > len(data) or at > end or not 0 <= delta <= h.last_offset_delta:
-                raise CorruptSegmentError("malformed record", path=path, position=h.position)
-            out.append((h.base_offset + delta, key, vlen < 0))
+            attr_at = pos
+            b = data[pos + 1]
+            if b < 0x80:
+                ts = (b >> 1) ^ -(b & 1)
+                at = pos + 2
+            else:
+                ts, at = decode_varlong(data, pos + 1)
+            rest = at
+            b = data[at]
+            if b < 0x80:
+                delta = (b >> 1) ^ -(b & 1)
+                at += 1
+            else:
+                delta, at = decode_varint(data, at)
+            b = data[at]
+            if b < 0x80:
+                klen = (b >> 1) ^ -(b & 1)
+                at += 1
+            else:
+                klen, at = decode_varint(data, at)
+            if klen < 0:
+                key = None
+            else:
+                key = data[at:at + klen]
+                at += klen
+            b = data[at]
+            if b < 0x80:
+                vlen = (b >> 1) ^ -(b & 1)
+                at += 1
+            elif data[at + 1] < 0x80:
+                b = (b & 0x7F) | (data[at + 1] << 7)
+                vlen = (b >> 1) ^ -(b & 1)
+                at += 2
+            else:
+                vlen, at = decode_varint(data, at)
+            if vlen > 0:
+                at += vlen
+            if at < end and data[at] == 0:  # no headers: the common case
+                at += 1
+            else:
+                at = _skip_headers(data, at, end)
+            if (length < 0 or end > size or at != end or klen < -1 or vlen < -1
+                    or not prev < delta <= last_delta):
+                raise CorruptSegmentError(
+                    f"batch at offset {h.base_offset}: malformed record at byte {start}",
+                    path=path, position=h.position)
+            prev = delta
+            append((delta, ts, key, vlen < 0, start, attr_at, rest, end))
             pos = end
-        if pos != len(data):
-            raise CorruptSegmentError("bytes left after the records", path=path,
-                                      position=h.position)
-        return out
-    except (IndexError, ValueError, struct.error) as exc:
+    except (IndexError, ValueError) as exc:
         raise CorruptSegmentError(f"batch at offset {h.base_offset}: malformed records: {exc}",
                                   path=path, position=h.position) from None
+    if pos != size:
+        raise CorruptSegmentError("bytes left after the records", path=path, position=h.position)
+    return out
+
+
+def _skip_headers(data: bytes, at: int, end: int) -> int:
+    """The position after a record's headers (count, then key and value per header); a null
+    header key or a length past the record's end is refused as the full decoder does."""
+    count, at = decode_varint(data, at)
+    if count < 0:
+        raise ValueError(f"negative header count {count}")
+    for _ in range(count):
+        klen, at = decode_varint(data, at)
+        if klen < 0:
+            raise ValueError("null header key")
+        at += klen
+        vlen, at = decode_varint(data, at)
+        at += max(vlen, 0)
+        if at > end:
+            raise ValueError("header runs past the record")
+    return at
+
+
+def record_keys(view: memoryview, h: BatchHeader, *, path: str | None = None
+                ) -> list[tuple[int, bytes | None, bool]]:
+    """(offset, key, value is null) of every record of the batch `h` heads in `view`."""
+    try:
+        data = records_area(view, h)
+    except ValueError as exc:
+        raise CorruptSegmentError(f"batch at offset {h.base_offset}: {exc}", path=path,
+                                  position=h.position) from None
+    base = h.base_offset
+    return [(base + r[0], r[2], r[3]) for r in skim_records(data, h, path=path)]
 
 
 def key_hash(key: bytes) -> bytes:
@@ -317,20 +413,62 @@ def scan_segment(
     view = memoryview(data)
     for h in iter_batch_headers(data, path=path):
         if h.producer_id >= 0:
-            if h.is_control:
-                batch = decode_batch(data, h.position, path=path)
-                kind = {"commit": COMMIT, "abort": ABORT}.get(batch.control_type or "",
-                                                               OTHER_CONTROL)
-            else:
-                kind = TXN_DATA if h.is_transactional else DATA
-            yield ProducerEvent(h.producer_id, h.base_offset, h.last_offset, kind,
-                                h.producer_epoch)
+            yield _producer_event(data, h, path)
         if h.is_control:
             continue
         txn = (h.producer_id, h.last_offset) if h.is_transactional else None
         for offset, key, _null in record_keys(view, h, path=path):
             if key is not None:
                 yield KeyEvent(key_hash(key), offset, txn)
+
+
+@dataclass
+class SegmentKeys:
+    """What the key pass learns from one segment (`scan_keys`), in flat containers rather than
+    an object per record: the job's shuffle carries them packed."""
+
+    #: keyed records outside transactions: key digest -> the segment's latest offset of the key
+    latest: dict[bytes, int]
+    #: keyed records of transactional batches: (batch last offset, key digest, offset); they
+    #: count only once the transaction is known to have committed
+    txn_keys: list[tuple[int, bytes, int]]
+    #: every batch with a producer id
+    producers: list[ProducerEvent]
+
+
+def scan_keys(data: bytes, *, path: str | None = None) -> SegmentKeys:
+    """`scan_segment` reduced to what the key map needs, in one pass: the segment's own latest
+    offset per key (a later record of a key supersedes an earlier one of the same segment, so
+    only the last reaches the partition-wide map), transactional keys, producer batches."""
+    md5 = hashlib.md5
+    latest: dict[bytes, int] = {}
+    txn_keys: list[tuple[int, bytes, int]] = []
+    producers: list[ProducerEvent] = []
+    view = memoryview(data)
+    for h in iter_batch_headers(data, path=path):
+        if h.producer_id >= 0:
+            producers.append(_producer_event(data, h, path))
+        if h.is_control:
+            continue
+        base = h.base_offset
+        recs = skim_records(records_area(view, h), h, path=path)
+        if h.is_transactional:
+            last = h.last_offset
+            txn_keys.extend((last, md5(r[2], usedforsecurity=False).digest(), base + r[0])
+                            for r in recs if r[2] is not None)
+        else:
+            latest.update((md5(r[2], usedforsecurity=False).digest(), base + r[0])
+                          for r in recs if r[2] is not None)
+    return SegmentKeys(latest, txn_keys, producers)
+
+
+def _producer_event(data: bytes, h: BatchHeader, path: str | None) -> ProducerEvent:
+    if h.is_control:
+        batch = decode_batch(data, h.position, path=path)
+        kind = {"commit": COMMIT, "abort": ABORT}.get(batch.control_type or "", OTHER_CONTROL)
+    else:
+        kind = TXN_DATA if h.is_transactional else DATA
+    return ProducerEvent(h.producer_id, h.base_offset, h.last_offset, kind, h.producer_epoch)
 
 
 def transaction_flags(events: Iterable[ProducerEvent]) -> dict[int, int]:
@@ -378,6 +516,9 @@ class SegmentCleaning:
     changed: bool = False
     #: the last batch of the input (for an empty result: `empty_batch` of it keeps the range)
     last_header: BatchHeader | None = None
+    #: last offsets of the transaction markers kept whose transaction still had data in the
+    #: cleaned range: the only markers whose `.txnindex` entries stay (`live_txn_entries`)
+    live_markers: list[int] = field(default_factory=list)
 
 
 def compact_segment(
@@ -391,44 +532,34 @@ def compact_segment(
 ) -> SegmentCleaning:
     """Clean every batch of one segment. `latest` holds the offsets of the records that are
     the latest of their key across the cleaned range; `flags` the transaction pass's verdicts
-    by batch last offset (`transaction_flags`)."""
+    by batch last offset (`transaction_flags`). Data batches are walked once (`skim_records`):
+    a batch kept whole is copied, one that loses records is rebuilt from its survivors' bytes;
+    control batches (rare) are decoded."""
     out = bytearray()
     res = SegmentCleaning(b"", bytes_in=len(data))
     view = memoryview(data)
     for h in iter_batch_headers(data, path=path):
         res.batches_in += 1
         res.last_header = h
-        f = flags.get(h.last_offset, 0)
+        f = flags.get(h.last_offset, 0) if flags else 0
         raw = view[h.position:h.end_position]
         if f & IN_DOUBT:  # undecided transaction: nothing about it is known yet
             out += raw
             res.records_in += h.records_count
             res.records_kept += h.records_count
             continue
-        if not h.is_control and not f:
-            fast = _plain_batch(h, record_keys(view, h, path=path), latest, now_ms,
-                                delete_retention_ms)
-            if fast is not None:  # kept whole or dropped whole: no record decoded
-                kept_all, records, tombstones, keyless = fast
-                res.records_in += records
-                if kept_all:
-                    res.records_kept += records
-                    res.keyless_kept += keyless
-                    out += raw
-                else:
-                    res.tombstones_dropped += tombstones
-                    res.batches_dropped += 1
-                    res.changed = True
-                continue
-        batch = decode_batch(data, h.position, path=path)
-        decision = batch_retention(
-            h,
-            can_discard=bool(f & (MARKER_DISCARDABLE if h.is_control else ABORTED)),
-            last_of_producer=bool(f & LAST_OF_PRODUCER),
-            now_ms=now_ms,
-        )
-        cleaned = clean_batch(raw, batch, decision, lambda r: r.offset in latest,
-                              now_ms=now_ms, delete_retention_ms=delete_retention_ms)
+        if h.is_control:
+            batch = decode_batch(data, h.position, path=path)
+            decision = batch_retention(h, can_discard=bool(f & MARKER_DISCARDABLE),
+                                       last_of_producer=bool(f & LAST_OF_PRODUCER),
+                                       now_ms=now_ms)
+            cleaned = clean_batch(raw, batch, decision, lambda r: r.offset in latest,
+                                  now_ms=now_ms, delete_retention_ms=delete_retention_ms)
+            if cleaned.data and not f & MARKER_DISCARDABLE:
+                res.live_markers.append(h.last_offset)
+        else:
+            cleaned = clean_data_batch(raw, h, records_area(view, h), f, latest, now_ms=now_ms,
+                                       delete_retention_ms=delete_retention_ms, path=path)
         res.records_in += cleaned.records_in
         res.records_kept += cleaned.records_kept
         res.tombstones_dropped += cleaned.tombstones_dropped
@@ -444,33 +575,131 @@ def compact_segment(
     return res
 
 
-def _plain_batch(
-    h: BatchHeader, records: list[tuple[int, bytes | None, bool]], latest: Container[int],
-    now_ms: int, delete_retention_ms: int | None,
-) -> tuple[bool, int, int, int] | None:
-    """For a data batch outside transactions and not a producer's last: (kept whole, records,
-    keyed tombstones, keyless records) when the batch is copied or dropped whole, as
-    `clean_batch` would decide; None when some records stay and others go, or a horizon is
-    due (then the batch is rebuilt by `clean_batch`)."""
-    if not records:  # an empty header: Kafka's rules for it are `clean_batch`'s
-        return None
+def clean_data_batch(
+    raw: bytes | memoryview,
+    h: BatchHeader,
+    data: bytes,
+    flags: int,
+    latest: Container[int],
+    *,
+    now_ms: int,
+    delete_retention_ms: int | None,
+    path: str | None = None,
+) -> CleanedBatch:
+    """`clean_batch` for a data batch, without building records: `data` is its records area
+    (`records_area`), `flags` the transaction pass's verdict on it. The same decisions, in one
+    walk over the records; survivors are copied into the rebuilt batch (`splice_batch`)."""
+    decision = batch_retention(h, can_discard=bool(flags & ABORTED),
+                               last_of_producer=bool(flags & LAST_OF_PRODUCER), now_ms=now_ms)
+    recs = skim_records(data, h, path=path)
+    n = len(recs)
+    if decision.retention is BatchRetention.DELETE:
+        return CleanedBatch(b"", n, 0, sum(1 for r in recs if r[3] and r[2] is not None),
+                            0, False, False)
     horizon = h.delete_horizon_ms
     tombstones_live = horizon is None or now_ms < horizon
-    kept = keyless = tombstones = kept_tombstones = 0
-    for offset, key, null in records:
-        if key is None:
-            kept += 1
-            keyless += 1
+    base = h.base_offset
+    kept: list[Skimmed] = []
+    keyless = tombstones_kept = tombstones_dropped = 0
+    for r in recs:
+        if r[2] is None:
+            if not decision.discard_records:
+                keyless += 1
+                kept.append(r)
+        elif (not decision.discard_records and (base + r[0]) in latest
+              and (tombstones_live or not r[3])):
+            kept.append(r)
+            tombstones_kept += r[3]
+        elif r[3]:
+            tombstones_dropped += 1
+    if kept:
+        needs_horizon = (tombstones_kept > 0 and horizon is None
+                         and delete_retention_ms is not None)
+        if len(kept) == n and not needs_horizon:
+            return CleanedBatch(bytes(raw), n, n, 0, keyless, False, False)
+        if needs_horizon and delete_retention_ms is not None:
+            horizon = now_ms + delete_retention_ms
+        rebuilt = splice_batch(h, data, kept, delete_horizon_ms=horizon)
+        return CleanedBatch(rebuilt, n, len(kept), tombstones_dropped, keyless, True,
+                            needs_horizon)
+    if decision.retention is BatchRetention.RETAIN_EMPTY:
+        return CleanedBatch(empty_batch(h), n, 0, tombstones_dropped, 0, True, False)
+    return CleanedBatch(b"", n, 0, tombstones_dropped, 0, False, False)
+
+
+#: zig-zag varint bytes by zig-zag value, for the one- and two-byte values (a rebuilt batch's
+#: timestamp deltas and record lengths), so re-basing a record costs no encoding loop
+_SMALL_VARINTS_UP_TO = 1 << 14
+_SMALL_VARINTS: list[bytes] = [
+    bytes((z,)) if z < 0x80 else bytes(((z & 0x7F) | 0x80, z >> 7))
+    for z in range(_SMALL_VARINTS_UP_TO)
+]
+
+
+def splice_batch(
+    h: BatchHeader, data: bytes, kept: list[Skimmed], *, delete_horizon_ms: int | None
+) -> bytes:
+    """`rebuild_batch` from the survivors' bytes: each kept record (`Skimmed`, positions in
+    the records area `data`) is copied as it is, only its timestamp delta re-based when the
+    batch's `firstTimestamp` moves (to the first kept record's timestamp, or the delete
+    horizon) and its length prefix with it. The header is Kafka's `buildRetainedRecordsInto`'s,
+    as `rebuild_batch` writes it."""
+    log_append = bool(h.attributes & TIMESTAMP_TYPE_MASK)
+    first = h.first_timestamp
+    stamp0 = h.max_timestamp if log_append else first + kept[0][1]
+    base_ts = stamp0 if delete_horizon_ms is None else delete_horizon_ms
+    body = bytearray()
+    max_ts = None
+    record = bytearray()
+    for _delta, ts_delta, _key, _null, start, attr_at, rest, end in kept:
+        stamp = h.max_timestamp if log_append else first + ts_delta
+        if max_ts is None or stamp > max_ts:
+            max_ts = stamp
+        new_delta = stamp - base_ts
+        if new_delta == ts_delta:
+            body += data[start:end]
             continue
-        if null:
-            tombstones += 1
-        if offset in latest and (not null or tombstones_live):
-            kept += 1
-            kept_tombstones += null
-    if kept == len(records):
-        if kept_tombstones and horizon is None and delete_retention_ms is not None:
-            return None  # the horizon is set now: rebuilt
-        return True, len(records), 0, keyless
-    if kept == 0:
-        return False, len(records), tombstones, 0
-    return None
+        zz = (new_delta << 1) ^ (new_delta >> 63)
+        if 0 <= zz < _SMALL_VARINTS_UP_TO:
+            ts_field = _SMALL_VARINTS[zz]
+        else:
+            record.clear()
+            append_varlong(record, new_delta)
+            ts_field = bytes(record)
+        length = end - rest + 1 + len(ts_field)
+        if length < _SMALL_VARINTS_UP_TO // 2:
+            body += _SMALL_VARINTS[length << 1]
+        else:
+            append_varint(body, length)
+        body.append(data[attr_at])
+        body += ts_field
+        body += data[rest:end]
+    attributes = (h.attributes & (COMPRESSION_MASK | TIMESTAMP_TYPE_MASK | TRANSACTIONAL_MASK
+                                  | CONTROL_MASK))
+    if delete_horizon_ms is not None:
+        attributes |= DELETE_HORIZON_MASK
+    out = bytearray(BATCH_HEADER.size)
+    out += codec_by_id(h.attributes & COMPRESSION_MASK).compress(bytes(body))
+    try:
+        BATCH_HEADER.pack_into(
+            out, 0, h.base_offset, len(out) - LOG_OVERHEAD, h.partition_leader_epoch, MAGIC_V2,
+            0, attributes, h.last_offset_delta, base_ts,
+            h.max_timestamp if log_append else max_ts, h.producer_id, h.producer_epoch,
+            h.base_sequence, len(kept),
+        )
+    except struct.error as err:
+        raise CorruptSegmentError(f"batch at offset {h.base_offset}: a header field is out "
+                                  f"of range: {err}", position=h.position) from None
+    _CRC.pack_into(out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)
+
+
+def live_txn_entries(entries: Iterable[AbortedTxn], live_markers: Container[int]
+                     ) -> list[AbortedTxn]:
+    """The `.txnindex` of a compacted object made of several sources, as Kafka's cleaner
+    writes it (`CleanedTransactionMetadata`): an aborted transaction keeps its entry only
+    while its marker is kept and the transaction still had data in the cleaned range
+    (`live_markers`, by marker offset); once its records are all gone the entry goes with
+    them. Entries are in marker order, each once."""
+    kept = {e for e in entries if e.last_offset in live_markers}
+    return sorted(kept, key=lambda e: (e.last_offset, e.first_offset, e.producer_id))

@@ -59,6 +59,9 @@ class Written:
     timestamp: int
 
 
+#: each replica's segment size, bytes (replicas roll at other offsets)
+SEGMENT_BYTES = (24_000, 31_000, 40_000)
+
 @dataclass
 class ClusterFigures:
     """What a run measured; `problems` lists every way it went wrong (empty: all held)."""
@@ -72,6 +75,13 @@ class ClusterFigures:
     uploaded_segment_bytes: int = 0  # bytes of segment objects sent, lost races included
     bucket_amplification: float = 0.0
     upload_amplification: float = 0.0
+    #: bytes sent again to a segment object the bucket keeps, beyond its first upload
+    repeated_segment_bytes: int = 0
+    #: bytes sent to segment objects the bucket does not keep: uploads a takeover, a fence
+    #: or a kill made useless, collected as orphans
+    lost_race_segment_bytes: int = 0
+    #: leases that changed hands (taken over from a silent holder, or handed over)
+    lease_changes: int = 0
     leases_after_start: dict[str, int] = field(default_factory=dict)
     leases_after_join: dict[str, int] = field(default_factory=dict)
     failover_lease_s: float | None = None  # kill -9 -> every lease of it held by another
@@ -228,10 +238,15 @@ class Sidecar:
             self.kill()
             return None
 
+    def segment_puts(self) -> list[tuple[str, int]]:
+        """(path, bytes) of each segment object upload this sidecar sent (single PUTs and
+        multipart parts), faulted ones left out."""
+        return [(s.path, s.size) for s in self.proxy.seen(method="PUT")
+                if keys.SEGMENT_SUFFIX in s.path.rsplit("/", 1)[-1] and s.faulted is None]
+
     def uploaded_segment_bytes(self) -> int:
-        """Bytes of segment objects this sidecar sent (single PUTs and multipart parts)."""
-        return sum(s.size for s in self.proxy.seen(method="PUT")
-                   if keys.SEGMENT_SUFFIX in s.path.rsplit("/", 1)[-1] and s.faulted is None)
+        """Bytes of segment objects this sidecar sent."""
+        return sum(size for _path, size in self.segment_puts())
 
     def lease_requests(self) -> int:
         """Requests for node records and lease objects."""
@@ -285,9 +300,13 @@ class Bucket:
         m, _ = self.mstore.load(p.topic, p.partition, p.revision)
         return m.last_offset, m.term
 
+    def segment_objects(self) -> dict[str, int]:
+        """Key -> size of the topic's segment objects in the bucket."""
+        return {i.key: i.size for i in self.store.list() if i.key.endswith(keys.SEGMENT_SUFFIX)
+                and f"/{keys.NAMESPACE}/{TOPIC}/" in i.key}
+
     def segment_bytes(self) -> int:
-        return sum(i.size for i in self.store.list() if i.key.endswith(keys.SEGMENT_SUFFIX)
-                   and f"/{keys.NAMESPACE}/{TOPIC}/" in i.key)
+        return sum(self.segment_objects().values())
 
     def orphans(self) -> list[str]:
         """Objects under the partitions' prefixes that no manifest (or lease) names."""
@@ -309,8 +328,8 @@ class Bucket:
 
 def run_cluster(work: Path, *, moto: str, bucket: str, seed: int, partitions: int = 6,
                 lease_ms: int = 2000, grace_ms: int = 3000, batches_per_s: float = 20,
-                record_bytes: int = 400, segment_bytes: tuple[int, int, int] = (
-                    24_000, 31_000, 40_000), settle_s: float = 4.0, steady_s: float = 0.0,
+                record_bytes: int = 400, segment_bytes: tuple[int, int, int] = SEGMENT_BYTES,
+                settle_s: float = 4.0, steady_s: float = 0.0,
                 progress: Callable[[str], None] = lambda _: None) -> ClusterFigures:
     """The scenario of the module docstring; returns its figures (problems listed, never
     raised, except a wait that times out)."""
@@ -441,6 +460,24 @@ def run_cluster(work: Path, *, moto: str, bucket: str, seed: int, partitions: in
     figures.uploaded_segment_bytes = sum(n.uploaded_segment_bytes() for n in nodes)
     figures.bucket_amplification = round(figures.bucket_segment_bytes / figures.log_bytes, 3)
     figures.upload_amplification = round(figures.uploaded_segment_bytes / figures.log_bytes, 3)
+    by_name: dict[str, list[str]] = {}  # the bucket's segment keys by their last part
+    for kept_key in bucket_view.segment_objects():
+        by_name.setdefault(kept_key.rsplit("/", 1)[-1], []).append(kept_key)
+    first_sent: set[str] = set()
+    for node in nodes:
+        for path, size in node.segment_puts():
+            # path-style /bucket/<the store's prefix>/key: the kept key it ends with, if any
+            key = next((k for k in by_name.get(path.rsplit("/", 1)[-1], [])
+                        if path.endswith("/" + k)), None)
+            if key is None:
+                figures.lost_race_segment_bytes += size
+            elif key in first_sent:
+                figures.repeated_segment_bytes += size
+            else:
+                first_sent.add(key)
+    figures.lease_changes = sum(text.count("took the upload lease over")
+                                + text.count("released the upload lease")
+                                for text in texts.values())
 
     # every record, from the bucket alone (a reader beside no log), byte for byte
     reader_config = load_config(write_sidecar_config(
@@ -504,7 +541,7 @@ def dump(figures: ClusterFigures) -> str:
 
 def run_naive_baseline(work: Path, *, moto: str, bucket: str, seed: int, partitions: int,
                        seconds: float, batches_per_s: float = 20, record_bytes: int = 400,
-                       segment_bytes: tuple[int, int, int] = (24_000, 31_000, 40_000)
+                       segment_bytes: tuple[int, int, int] = SEGMENT_BYTES
                        ) -> dict[str, Any]:
     """What three sidecars without upload leases do (each uploading everything it holds, as
     if it were the only writer): the same replicated log, written for `seconds`, then three

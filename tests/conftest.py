@@ -12,6 +12,8 @@ crashes, real Kafka clients, the chaos run or a benchmark script (marked in thei
 
 from __future__ import annotations
 
+import functools
+import threading
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -52,6 +54,7 @@ def moto_endpoint() -> Iterator[str]:
         if EXTERNAL_S3:
             yield EXTERNAL_S3
             return
+        _conditional_writes_atomic(mp)
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
@@ -59,6 +62,27 @@ def moto_endpoint() -> Iterator[str]:
             yield f"http://{host}:{port}"
         finally:
             server.stop()
+
+
+def _conditional_writes_atomic(mp: pytest.MonkeyPatch) -> None:
+    """Make moto's conditional writes atomic, as S3's and Ceph RGW's are. moto checks
+    If-Match / If-None-Match and then writes, in two steps without a lock: two PUTs on
+    one ETag arriving together may both succeed, which fails a compare-and-swap test for a
+    reason in the test server (a change among four racing writers lost once in some
+    thousand runs). Its PUTs and DELETEs of objects run one at a time here."""
+    from moto.s3.responses import S3Response
+
+    lock = threading.RLock()
+    for name in ("put_object", "delete_object"):
+        original = getattr(S3Response, name)
+
+        @functools.wraps(original)
+        def one_at_a_time(self: Any, *args: Any, _original: Any = original,
+                          **kwargs: Any) -> Any:
+            with lock:
+                return _original(self, *args, **kwargs)
+
+        mp.setattr(S3Response, name, one_at_a_time)
 
 
 @pytest.fixture

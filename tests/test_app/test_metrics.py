@@ -443,7 +443,8 @@ def test_stop_gives_up_on_a_stuck_request_after_the_drain_time(
 def test_every_kafka_endpoint_stat_is_exported_and_none_without_an_endpoint() -> None:
     from prometheus_client import generate_latest
 
-    stats = {"connections": 3, "connections_total": 10, "connections_refused": 2,
+    stats = {"connections": 3, "connections_reading": 2, "connections_total": 10,
+             "connections_refused": 2,
              "connections_reclaimed": 4, "closed_slow_requests": 5, "closed_bad_requests": 1,
              "requests": {"Fetch": 7, "Produce": 1},
              "bytes_sent": 5000, "bytes_received": 300}

@@ -140,12 +140,13 @@ def test_at_the_limit_the_request_in_progress_the_longest_makes_room(history: Hi
         port = _port(daemon)
         tricklers: list[Trickler] = []
         try:
-            for _ in range(4):  # one after another, so the first is the oldest
+            for _ in range(4):
                 tricklers.append(Trickler(port))
-                wait_until(lambda: tricklers[-1].sent > 0, "the trickler to start")
-            # every slot taken on the daemon's side before the newcomer knocks
-            wait_until(lambda: daemon.kafka is not None
-                       and daemon.kafka.stats()["connections"] >= 4, "the tricklers' slots")
+                # the daemon has seen this one's first byte before the next connects, so
+                # the first is the oldest on its side too, however its threads are scheduled
+                wait_until(lambda: daemon.kafka is not None
+                           and daemon.kafka.stats()["connections_reading"] == len(tricklers),
+                           "the daemon to read the trickler's request")
             client = RawClient(port, timeout=10)
             try:
                 assert _served(client)

@@ -350,6 +350,9 @@ class ReaderCollector(Collector):
 KAFKA_METRICS: dict[str, _Scalar] = {
     "kafka_connections": _Scalar("connections", "gauge",
                                  "Kafka client connections being served."),
+    "kafka_connections_reading": _Scalar("connections_reading", "gauge",
+                                         "Kafka client connections mid-request: the first "
+                                         "byte in, the rest not yet."),
     "kafka_connections_accepted": _Scalar("connections_total", "counter",
                                           "Kafka client connections accepted and served."),
     "kafka_connections_refused": _Scalar("connections_refused", "counter",

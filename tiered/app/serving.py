@@ -157,10 +157,13 @@ class ConnectionServer:
         return self._stopping
 
     def stats(self) -> dict[str, int]:
-        """connections (being served), connections_total (accepted and served),
+        """connections (being served), connections_reading (of those, mid-request: how a
+        trickling attack shows), connections_total (accepted and served),
         connections_refused, connections_reclaimed, closed_slow_requests."""
         with self._lock:
             return {"connections": len(self._clients),
+                    "connections_reading": sum(1 for c, _t in self._clients.values()
+                                               if c.state is State.READING),
                     "connections_total": self._counts["accepted"],
                     "connections_refused": self._counts["refused"],
                     "connections_reclaimed": self._counts["reclaimed"],
@@ -210,8 +213,9 @@ class ConnectionServer:
     def _move(self, client: Client, state: State) -> bool:
         limits = self.limits
         with self._lock:
+            if client.state is not state:  # a fresh connection has been idle since accept
+                client.since = time.monotonic()
             client.state = state
-            client.since = time.monotonic()
             client.deadline = (client.since + limits.request_timeout_s
                                if state is State.READING else None)
             stopping = self._stopping

@@ -81,6 +81,8 @@ class KafkaStats:
     from the server base (`tiered.app.serving`) when read."""
 
     connections: int = 0
+    #: connections mid-request (their first byte in, the rest not yet)
+    connections_reading: int = 0
     connections_total: int = 0
     connections_refused: int = 0
     #: connections closed to make room for a new one at max_connections

@@ -59,6 +59,9 @@ from tiered.errors import TieredError
 from tiered.store.base import ObjectStore
 from tiered.store.errors import PreconditionFailed
 
+#: a head manifest as read, with its ETag (None: there is none)
+_HeadRead = tuple[PartitionManifest, str | None]
+
 log = logging.getLogger(__name__)
 
 __all__ = ["LeaseKeeper", "LeaseStats", "LeaseView", "Ownership", "Role", "SoleWriter"]
@@ -551,56 +554,78 @@ class LeaseKeeper:
         also from a live holder that has not advertised it for a lease time, and so is not
         using it); 1 when this process now holds it. Taking a lease from a holder that still
         works is safe, only wasteful: the new generation fences its commits."""
+        head_read: _HeadRead | None = None
+        if not self._guest and self._unadvertised(pid):
+            # most likely a new partition: its head first, and with none there the lease is
+            # created blind (If-None-Match) instead of read first; a lease object already
+            # there fails the create, and the reads below decide as for any partition
+            head_read = self._load_head(pid)
+            if head_read[1] is None and self._take(pid, None, None, *head_read):
+                return self._gained(pid, None)
         for _ in range(ACQUIRE_ATTEMPTS):
             self._count()
             lease, etag = self._read_lease(pid)
             if lease is not None and lease.holder == self._node:
                 # this node's already (another process of it, or before a restart)
                 try:
-                    if not self._own(pid, lease, etag):
+                    if not self._own(pid, lease, etag, head_read):
                         return 0
                 except StaleTerm:
+                    head_read = None
                     continue
-                with self._lock:
-                    self._stats.acquired_total += 1
-                log.info("%s: upload lease held by this node (generation %d): uploading",
-                         pid, self.holdings().get(pid, lease.generation))
-                return 1
+                return self._gained(pid, self._node)
             previous = None if lease is None else lease.holder
             if previous is not None and self._peers.alive(previous) and not force:
                 return 0  # it hands over itself when the assignment says so
             if self._guest:
                 return 0  # only this node's daemon takes leases
-            self._count()
-            head, head_etag = self.mstore.load(pid.topic, pid.partition, pid.revision)
+            head, head_etag = head_read or self._load_head(pid)
+            head_read = None  # a second attempt reads afresh
             try:
                 if not self._take(pid, lease, etag, head, head_etag):
                     return 0  # another node won it
             except StaleTerm:
                 continue  # a newer term wrote the head meanwhile: a generation above it
-            generation = self.holdings()[pid]
-            with self._lock:
-                if previous is None or previous == self._node:
-                    self._stats.acquired_total += 1
-                else:
-                    self._stats.taken_over_total += 1
-            if previous is None or previous == self._node:
-                log.info("%s: acquired the upload lease (generation %d)", pid, generation)
-            else:
-                log.warning("%s: took the upload lease over from %s, which stopped renewing "
-                            "(generation %d)", pid, previous, generation)
-            return 1
+            return self._gained(pid, previous)
         log.warning("%s: the head manifest's term kept moving past each new lease generation; "
                     "trying again later", pid)
         return 0
 
-    def _own(self, pid: PartitionId, lease: Lease, etag: str | None) -> bool:
+    def _unadvertised(self, pid: PartitionId) -> bool:
+        with self._lock:  # no other node's record says it holds `pid`
+            return self._peers.holder_of(pid) is None
+
+    def _load_head(self, pid: PartitionId) -> _HeadRead:
+        self._count()
+        return self.mstore.load(pid.topic, pid.partition, pid.revision)
+
+    def _gained(self, pid: PartitionId, previous: str | None) -> int:
+        """Count and log a lease this process now holds, which `previous` held (None: free;
+        this node: before a restart, or another process of it); 1."""
+        generation = self.holdings().get(pid)
+        with self._lock:
+            if previous is None or previous == self._node:
+                self._stats.acquired_total += 1
+            else:
+                self._stats.taken_over_total += 1
+        if previous == self._node:
+            log.info("%s: upload lease held by this node (generation %s): uploading", pid,
+                     generation)
+        elif previous is None:
+            log.info("%s: acquired the upload lease (generation %s)", pid, generation)
+        else:
+            log.warning("%s: took the upload lease over from %s, which stopped renewing "
+                        "(generation %s)", pid, previous, generation)
+        return 1
+
+    def _own(self, pid: PartitionId, lease: Lease, etag: str | None,
+             head_read: _HeadRead | None = None) -> bool:
         """Work under a lease that names this node: fence the head with its generation if an
         earlier fence did not land, or take a higher one if a newer term wrote the head (a
         writer outside the leases), else this node would stay fenced for good. False when
-        another writer changed the lease meanwhile."""
-        self._count()
-        head, head_etag = self.mstore.load(pid.topic, pid.partition, pid.revision)
+        another writer changed the lease meanwhile. `head_read`: the head as just read, if
+        it was (a fence that finds it changed reads it again)."""
+        head, head_etag = head_read or self._load_head(pid)
         if head.term > lease.generation:
             return self._take(pid, lease, etag, head, head_etag)
         if head.term < lease.generation and (head_etag is not None or lease.generation > 1):

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from manifests import edits, keys
 from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest, ManifestConflict, StaleTerm
+from manifests.head_copies import list_partition
 from manifests.manifest import PartitionManifest
 from tiered.store.base import ObjectInfo
 
@@ -195,7 +196,8 @@ def collect_orphans(
     data_prefix = keys.partition_data_prefix(topic, partition, revision)
     meta_prefix = keys.partition_meta_prefix(topic, partition, revision)
     # listing first, then the head: an object committed in between is seen as referenced
-    listing = [*mstore.store.list(data_prefix), *mstore.store.list(meta_prefix)]
+    data, meta = list_partition(mstore.store, topic, partition, revision)
+    listing = [*data, *meta]
     m, etag = mstore.load(topic, partition, revision)
     if etag is None:
         out.skipped = "no head manifest (recovery rebuilds it; nothing is collected without it)"

@@ -22,13 +22,24 @@ from manifests.cas import put_on_version
 from manifests.errors import CorruptManifest, HistoryWithoutHead, ManifestConflict
 from manifests.manifest import PartitionManifest
 from manifests.serde import decode_partition_manifest, encode_partition_manifest
-from tiered.store.base import ObjectStore
+from tiered.store.base import ObjectInfo, ObjectStore
 from tiered.store.errors import ObjectNotFound, PreconditionFailed, StoreError
 
 log = logging.getLogger(__name__)
 
 #: one consistent (head, ETag) read, None when the head is missing
 ReadHead = Callable[[str], tuple[PartitionManifest, str] | None]
+
+
+def list_partition(store: ObjectStore, topic: str, partition: int, revision: str | int
+                   ) -> tuple[list[ObjectInfo], list[ObjectInfo]]:
+    """Every object under the partition's data prefix, then under its meta prefix, from one
+    listing of the prefix above both (one LIST for a new partition, not two)."""
+    data = keys.partition_data_prefix(topic, partition, revision)
+    meta = keys.partition_meta_prefix(topic, partition, revision)
+    listed = list(store.list(keys.partition_prefix(topic, partition, revision)))
+    return ([i for i in listed if i.key.startswith(data)],
+            [i for i in listed if i.key.startswith(meta)])
 
 
 class RestoreCounter(Protocol):
@@ -68,10 +79,8 @@ class HeadCopies:
         """For a partition whose head `load` found missing, read-only (describe-storage): what
         says the head was lost (copies, or objects of ours below offset 0's head), None when
         the bucket holds nothing of the partition's."""
-        listing = [i.key for prefix in (
-            keys.partition_data_prefix(empty.topic, empty.partition, empty.revision),
-            keys.partition_meta_prefix(empty.topic, empty.partition, empty.revision))
-            for i in self.store.list(prefix)]
+        data, meta = list_partition(self.store, empty.topic, empty.partition, empty.revision)
+        listing = [i.key for i in (*data, *meta)]
         ours = [k for k in listing if keys.segment_name_of(k.rsplit("/", 1)[-1]) is not None
                 or ".copy-" in k or keys.parse_archived_manifest_name(k.rsplit("/", 1)[-1])]
         if not ours:
@@ -105,11 +114,9 @@ class HeadCopies:
             etag = self.store.head(key).etag
         except ObjectNotFound:
             return None
-        listing = {i.key for i in self.store.list(
-            keys.partition_data_prefix(topic, partition, revision))}
-        meta = {i.key for i in self.store.list(
-            keys.partition_meta_prefix(topic, partition, revision))}
-        return self._restore_from_copy(key, listing | meta, meta, over=etag)
+        data, meta_listed = list_partition(self.store, topic, partition, revision)
+        meta = {i.key for i in meta_listed}
+        return self._restore_from_copy(key, {i.key for i in data} | meta, meta, over=etag)
 
     def guard_fresh_head(self, manifest: PartitionManifest) -> set[str]:
         """Before creating a head where none is stored: restore the newest copy that the
@@ -121,8 +128,10 @@ class HeadCopies:
                                                  manifest.revision)
         meta_prefix = keys.partition_meta_prefix(manifest.topic, manifest.partition,
                                                  manifest.revision)
-        listing = {i.key for i in self.store.list(data_prefix)}
-        meta = {i.key for i in self.store.list(meta_prefix)}
+        data, meta_listed = list_partition(self.store, manifest.topic, manifest.partition,
+                                           manifest.revision)
+        listing = {i.key for i in data}
+        meta = {i.key for i in meta_listed}
         if manifest.key in meta:
             # a head is there after all: the create below loses its race as it should
             return listing | meta

@@ -137,6 +137,12 @@ def partition_hash(topic: str, partition: int, revision: str | int) -> str:
     return hashlib.sha256(path.encode("ascii")).hexdigest()[:8]
 
 
+def partition_prefix(topic: str, partition: int, revision: str | int) -> str:
+    """`{h}/`: the one prefix above both of the partition's, so one listing covers them (it
+    may also hold a partition whose hash collides: filter by the two prefixes below)."""
+    return f"{partition_hash(topic, partition, revision)}/"
+
+
 def partition_data_prefix(topic: str, partition: int, revision: str | int) -> str:
     """`{h}/kafka/{topic}/{partition}_{revision}/`: where segment and index objects live."""
     rev = validate_revision(revision)

@@ -4,6 +4,7 @@ its lease can never commit again; invariant 6: the lease generation is the write
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -97,6 +98,33 @@ def test_three_nodes_share_the_partitions_evenly(store: ObjectStore, clock: Cloc
             assert k.role(p).term == generation
             head, etag = mstore.load(p.topic, p.partition, p.revision)
             assert head.term == generation or (generation == 1 and etag is None)
+
+
+def test_two_nodes_racing_for_new_partitions_get_one_holder_each(
+        store: ObjectStore, clock: Clock, make: Callable[..., LeaseKeeper]) -> None:
+    """Two nodes that have not seen each other tick at the same moment over partitions no
+    one advertises and with no head: both create the leases blind (If-None-Match), and
+    each partition ends with exactly the one holder its lease object names."""
+    for attempt in range(5):
+        parts = [PartitionId("orders", p, f"race{attempt}") for p in range(6)]
+        keepers = [make(f"a{attempt}", parts), make(f"b{attempt}", parts)]
+        start = threading.Barrier(2)
+
+        def tick(keeper: LeaseKeeper, start: threading.Barrier = start) -> None:
+            start.wait(10)
+            keeper.tick()
+
+        racers = [threading.Thread(target=tick, args=(k,)) for k in keepers]
+        for t in racers:
+            t.start()
+        for t in racers:
+            t.join(60)
+        for p in parts:
+            lease, _ = read_lease(store, p)
+            claiming = [k.node for k in keepers if k.role(p).uploader]
+            assert lease is not None and claiming == [lease.holder], (p, claiming, lease)
+        for k in keepers:
+            k.stop(release=True)
 
 
 def test_a_joining_node_picks_partitions_up_without_a_storm(

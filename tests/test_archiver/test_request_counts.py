@@ -54,14 +54,39 @@ def test_a_first_pass_reads_each_head_once_and_creates_it_after_one_listing(
     report = archiver.upload_round()
     assert sum(p.uploaded_segments for p in report.partitions) == 2 * PARTITIONS
     assert per_partition(store.take()) == {
-        # taking the lease: the lease and the head read (neither exists), the lease written
-        ("get-missing", "lease"): 1, ("get-missing", "head"): 1, ("put", "lease"): 1,
-        # creating the head: the partition's two prefixes listed first (docs/format.md,
+        # taking the lease of a partition no node advertises: the head read (missing), so
+        # the lease is created blind (If-None-Match), not read first
+        ("get-missing", "head"): 1, ("put", "lease"): 1,
+        # creating the head: one listing of the partition's prefixes first (docs/format.md,
         # "Losing objects"), then the head and its copy; the head is not read a second time
-        ("list", "partition"): 2, ("put", "head"): 1, ("put", "copy"): 1,
+        ("list", "partition"): 1, ("put", "head"): 1, ("put", "copy"): 1,
         # two segments, each with its offset and time index
         ("put", "segment"): 2, ("put", "index"): 4,
     }
+
+
+def test_a_lease_already_there_fails_the_blind_create_and_is_read(tmp_path: Path) -> None:
+    """A partition with a lease but no head (taken, then stopped before a first commit): the
+    blind create fails, the lease is read, and this node goes on under it at its generation,
+    the head not read twice."""
+    config, store = setup(tmp_path)
+    first = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, first)
+    keeper.tick()
+    generations = keeper.holdings()
+    keeper.stop(release=True)
+    store.take()
+
+    again = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, again)
+    keeper.tick()
+    assert keeper.holdings() == generations  # no new generation, nothing fenced
+    assert per_partition(store.take()) == {
+        ("get-missing", "head"): 1, ("put", "lease"): 1,  # the create, refused
+        ("get", "lease"): 1,
+    }
+    report = again.upload_round()
+    assert sum(p.uploaded_segments for p in report.partitions) == 2 * PARTITIONS
 
 
 def test_a_round_shares_one_commit_among_its_segments(tmp_path: Path) -> None:
@@ -138,5 +163,5 @@ def test_a_one_shot_pass_housekeeps_the_heads_it_created_with_one_head_each(
     seen = per_partition(store.take())
     # the listing made before creating each head found nothing else there: housekeeping
     # needs no listing or read of its own, only the HEAD that finds a head lost since
-    assert seen[("list", "partition")] == 2 and seen[("head", "head")] == 1
+    assert seen[("list", "partition")] == 1 and seen[("head", "head")] == 1
     assert ("get", "head") not in seen

@@ -555,7 +555,9 @@ class LeaseKeeper:
         using it); 1 when this process now holds it. Taking a lease from a holder that still
         works is safe, only wasteful: the new generation fences its commits."""
         head_read: _HeadRead | None = None
-        if not self._guest and self._unadvertised(pid):
+        with self._lock:
+            unadvertised = self._peers.holder_of(pid) is None  # by any other node's record
+        if not self._guest and unadvertised:
             # most likely a new partition: its head first, and with none there the lease is
             # created blind (If-None-Match) instead of read first; a lease object already
             # there fails the create, and the reads below decide as for any partition
@@ -591,10 +593,6 @@ class LeaseKeeper:
                     "trying again later", pid)
         return 0
 
-    def _unadvertised(self, pid: PartitionId) -> bool:
-        with self._lock:  # no other node's record says it holds `pid`
-            return self._peers.holder_of(pid) is None
-
     def _load_head(self, pid: PartitionId) -> _HeadRead:
         self._count()
         return self.mstore.load(pid.topic, pid.partition, pid.revision)
@@ -602,20 +600,12 @@ class LeaseKeeper:
     def _gained(self, pid: PartitionId, previous: str | None) -> int:
         """Count and log a lease this process now holds, which `previous` held (None: free;
         this node: before a restart, or another process of it); 1."""
-        generation = self.holdings().get(pid)
         with self._lock:
             if previous is None or previous == self._node:
                 self._stats.acquired_total += 1
             else:
                 self._stats.taken_over_total += 1
-        if previous == self._node:
-            log.info("%s: upload lease held by this node (generation %s): uploading", pid,
-                     generation)
-        elif previous is None:
-            log.info("%s: acquired the upload lease (generation %s)", pid, generation)
-        else:
-            log.warning("%s: took the upload lease over from %s, which stopped renewing "
-                        "(generation %s)", pid, previous, generation)
+        _log_gain(pid, previous, self._node, self.holdings().get(pid))
         return 1
 
     def _own(self, pid: PartitionId, lease: Lease, etag: str | None,
@@ -667,6 +657,18 @@ class LeaseKeeper:
         done = self.mstore.update(pid.topic, pid.partition, pid.revision,
                                   lambda m: edits.with_term(m, generation), start=start)
         self._keep_head(pid, done.manifest, done.etag)
+
+
+def _log_gain(pid: PartitionId, previous: str | None, node: str, generation: int | None
+              ) -> None:
+    if previous == node:
+        log.info("%s: upload lease held by this node (generation %s): uploading", pid,
+                 generation)
+    elif previous is None:
+        log.info("%s: acquired the upload lease (generation %s)", pid, generation)
+    else:
+        log.warning("%s: took the upload lease over from %s, which stopped renewing "
+                    "(generation %s)", pid, previous, generation)
 
 
 @contextlib.contextmanager

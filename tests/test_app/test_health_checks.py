@@ -203,7 +203,9 @@ def _history_server(history: History, proxy: FaultProxy, tmp_path: Path) -> Conf
 
 
 def test_health_is_degraded_while_the_cache_directory_cannot_be_written(
-        history: History, proxy: FaultProxy, tmp_path: Path) -> None:
+        history: History, proxy: FaultProxy, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health_checks, "CACHE_CHECK_TTL_S", 0.2)  # each change seen soon
     config = _history_server(history, proxy, tmp_path)
     with running(config) as daemon:
         wait_until(lambda: _health(daemon)["status"] == "ok", "the daemon to be ok")
@@ -235,6 +237,7 @@ def test_health_is_degraded_while_the_cache_disk_is_full(
         return found._replace(free=free[0]) if Path(path) == config.cache_dir else found
 
     monkeypatch.setattr(health_checks.shutil, "disk_usage", usage)
+    monkeypatch.setattr(health_checks, "CACHE_CHECK_TTL_S", 0.2)  # each change seen soon
     with running(config) as daemon:
         wait_until(lambda: _health(daemon)["status"] == "ok", "the daemon to be ok")
         free[0] = 100

@@ -46,13 +46,13 @@ class CacheDiskCheck:
     module docstring. Thread-safe. `usage` (default `shutil.disk_usage`) and `write`
     (`os.write`) are injectable: tests fill the disk without filling one."""
 
-    def __init__(self, root: Path, chunk_size: int, *, ttl_s: float = CACHE_CHECK_TTL_S,
+    def __init__(self, root: Path, chunk_size: int, *, ttl_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  usage: Callable[[Path], _Usage] | None = None,
                  write: disk.Writer | None = None) -> None:
         self.root = root
         self.chunk_size = chunk_size
-        self._ttl_s = ttl_s
+        self._ttl_s = CACHE_CHECK_TTL_S if ttl_s is None else ttl_s  # read at construction
         self._clock = clock
         self._usage = usage
         self._write = write

@@ -322,12 +322,9 @@ class LeaseKeeper:
                 log.exception("lease keeper: tick failed")
 
     def stop(self, *, release: bool) -> None:
-        """Stop ticking; with `release`, delete the node's record: that releases every lease
-        it holds at once (a lease naming a node whose record is gone is free to take, at a
-        new generation that fences as every takeover does), so the others take the
-        partitions over now instead of a lease time later, in one request however many
-        partitions this node held. The lease objects keep naming this node: its next run
-        goes on under them without a new generation."""
+        """Stop ticking; with `release`, delete the node's record, which releases all its
+        leases at once in one request (docs/format.md, "Upload leases"): the others take the
+        partitions over now, and this node's next run goes on under the same generations."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=max(10.0, self.lease_s))

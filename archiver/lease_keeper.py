@@ -234,6 +234,7 @@ class LeaseKeeper:
         self.poll_s = self.lease_s / 6
         self.passive = passive
         self._busy = busy or (lambda pid: contextlib.nullcontext(True))
+        self._stopping: Callable[[], bool] = lambda: False
         self._on_change = on_change
         self._clock = clock
         self._wall = wall
@@ -258,9 +259,12 @@ class LeaseKeeper:
     def node(self) -> str:
         return self._node
 
-    def bind(self, busy: Callable[[PartitionId], AbstractContextManager[bool]]) -> None:
-        """Set the hook that says whether the archiver is idle on a partition (handovers)."""
+    def bind(self, busy: Callable[[PartitionId], AbstractContextManager[bool]],
+             stopping: Callable[[], bool] = lambda: False) -> None:
+        """Set the hooks that say whether the archiver is idle on a partition (handovers) and
+        whether its process is stopping (no lease is taken then, docs/operations.md)."""
         self._busy = busy
+        self._stopping = stopping
 
     # -- what the archiver asks --------------------------------------------------------------
 
@@ -540,11 +544,16 @@ class LeaseKeeper:
                      ) -> int:
         """Try every acquisition; a few at a time (each is a handful of requests in series,
         and a node starting beside a thousand free partitions should not take minutes)."""
+        def one(pid: PartitionId) -> int:  # none once stopping: a stop waits for no queue
+            if self._stop.is_set() or self._stopping():
+                return 0
+            return self._acquire(pid, force=pid in orphaned)
+
         if len(pids) <= 1:
-            return sum(self._acquire(pid, force=pid in orphaned) for pid in pids)
+            return sum(map(one, pids))
         with ThreadPoolExecutor(min(ACQUIRE_WORKERS, len(pids)),
                                 thread_name_prefix="lease-acquire") as pool:
-            return sum(pool.map(lambda pid: self._acquire(pid, force=pid in orphaned), pids))
+            return sum(pool.map(one, pids))
 
     def _acquire(self, pid: PartitionId, *, force: bool = False) -> int:
         """Take `pid`'s lease when it is free, this node's, or its holder is gone (`force`:

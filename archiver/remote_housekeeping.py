@@ -72,15 +72,21 @@ class RemoteHousekeeper:
         """The archiver's, as it is now (a daemon sets its lease keeper after construction)."""
         return self._ownership()
 
-    def run(self, states: list[PartitionState], concurrency: int) -> PassReport:
+    def run(self, states: list[PartitionState], concurrency: int, *,
+            stopping: Callable[[], bool] = lambda: False) -> PassReport:
         """Remote retention, replaced-segment and archived-manifest GC and orphan GC for every
         partition of a remote-write topic, `budget.concurrency` partitions at a time (each
-        lists its prefixes: one after another, a thousand partitions take minutes)."""
+        lists its prefixes: one after another, a thousand partitions take minutes). Once
+        `stopping`, the partitions not yet started are left for the next pass."""
         if not states:
             return self.report([])
+
+        def one(state: PartitionState) -> tuple[PartitionReport | None, int]:
+            return (None, 0) if stopping() else self.partition(state)
+
         workers = max(1, min(len(states), concurrency))
         with ThreadPoolExecutor(workers, thread_name_prefix="housekeeping") as pool:
-            return self.report(list(pool.map(self.partition, states)))
+            return self.report(list(pool.map(one, states)))
 
     def report(self, results: list[tuple[PartitionReport | None, int]]) -> PassReport:
         """The report of housekeeping results, counted in the stats."""

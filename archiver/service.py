@@ -155,6 +155,9 @@ class Archiver:
         self._topic_configs: dict[str, TopicConfig | TieredError] = {}
         # an idle partition's directory is not re-read by a scan, and keeps its PartitionLog
         self._local = LocalLog(config.log_dirs, reuse_unchanged=True)
+        #: asked before each partition of a pass: a stopping daemon sets it, so a pass over
+        #: thousands of partitions ends with the partitions in flight (docs/operations.md)
+        self.stopping: Callable[[], bool] = lambda: False
         self.housekeeper = RemoteHousekeeper(
             self.mstore, self.gc, lambda: self.ownership, topic_config=self._topic_config,
             now_ms=self._now_ms, stats=self._stats, lock=self._lock)
@@ -264,7 +267,9 @@ class Archiver:
         states = self._states()
         report = PassReport()
 
-        def one(state: PartitionState, submit: Any) -> PartitionReport:
+        def one(state: PartitionState, submit: Any) -> PartitionReport | None:
+            if self.stopping():
+                return None
             row = self._upload_partition(state, submit)
             if after is not None:
                 after(state, row)
@@ -285,7 +290,7 @@ class Archiver:
                     if after is not None:
                         after(s, row)
                     report.partitions.append(row)
-            report.partitions.extend(fut.result() for fut in futures)
+            report.partitions.extend(r for r in (f.result() for f in futures) if r is not None)
         report.partitions.sort(key=lambda r: (r.topic, r.partition))
         self._save_topic_manifests(states, report)
         return report
@@ -398,7 +403,8 @@ class Archiver:
         """Remote retention, replaced-segment and archived-manifest GC and orphan GC for every
         partition of a remote-write topic, `budget.concurrency` partitions at a time
         (`archiver.remote_housekeeping`)."""
-        return self.housekeeper.run(self._states(), self.throttle.budget.concurrency)
+        return self.housekeeper.run(self._states(), self.throttle.budget.concurrency,
+                                    stopping=self.stopping)
 
     def local_retention(self) -> PassReport:
         """Enforce mode: delete local segments a committed manifest covers, by the local
@@ -473,7 +479,7 @@ class Archiver:
                     housekept[state.tp] = pool.submit(self.housekeeper.partition, state)
 
             report = last = self.upload_round(functools.partial(after, True))
-            while any(p.uploaded_segments for p in last.partitions):
+            while any(p.uploaded_segments for p in last.partitions) and not self.stopping():
                 last = self.upload_round(functools.partial(after, False))
                 report = report.merge(last)
             done = self.housekeeper.report([housekept[tp].result() for tp in sorted(housekept)])

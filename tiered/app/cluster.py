@@ -54,7 +54,7 @@ def leases_for(archiver: Archiver, keeper: LeaseKeeper | None, *, release: bool
     if keeper is None:
         yield None
         return
-    keeper.bind(archiver.idle)
+    keeper.bind(archiver.idle, archiver.stopping)
     # one manifest store: the heads the keeper reads and fences while taking leases are the
     # versions the archiver's first commits replace (no re-read to learn their terms)
     keeper.mstore = archiver.mstore

@@ -450,6 +450,7 @@ class Daemon:
             return
         try:
             archiver = self._new_archiver(self.config, store)
+            archiver.stopping = self._stop.is_set  # passes end with the partitions in flight
             try:
                 from tiered.app.cluster import leases_for
 

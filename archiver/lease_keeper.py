@@ -205,6 +205,20 @@ class _KeeperState:
     sequence: int = 0
 
 
+def _lease_or_damaged(store: ObjectStore, pid: PartitionId, warn: Callable[[str, str], None],
+                      count: Callable[[], None]) -> tuple[Lease | None, str | None]:
+    """The partition's lease and ETag. A damaged lease object reads as a free lease of
+    generation 0 with the damaged object's ETag, so the next holder replaces it (by
+    compare-and-swap) instead of the partition going without an uploader for good."""
+    try:
+        return read_lease(store, pid)
+    except CorruptManifest as err:
+        warn(f"lease {pid}", f"{pid}: the upload lease object is damaged ({err}); it is "
+             "replaced when the partition is next taken")
+        count()
+        return None, store.head(pid.lease_key).etag
+
+
 class LeaseKeeper:
     """Holds this node's upload leases (see the module docstring). `busy(pid)` is a context
     manager yielding whether the archiver is idle on `pid` (and keeping it so inside); a
@@ -261,8 +275,7 @@ class LeaseKeeper:
 
     def bind(self, busy: Callable[[PartitionId], AbstractContextManager[bool]],
              stopping: Callable[[], bool] = lambda: False) -> None:
-        """Set the hooks that say whether the archiver is idle on a partition (handovers) and
-        whether its process is stopping (no lease is taken then, docs/operations.md)."""
+        """Set the hooks: is the archiver idle on a partition (handovers), is it stopping."""
         self._busy = busy
         self._stopping = stopping
 
@@ -500,16 +513,7 @@ class LeaseKeeper:
                         holder or "nobody")
 
     def _read_lease(self, pid: PartitionId) -> tuple[Lease | None, str | None]:
-        """The partition's lease and ETag. A damaged lease object reads as a free lease of
-        generation 0 with the damaged object's ETag, so the next holder replaces it (by
-        compare-and-swap) instead of the partition going without an uploader for good."""
-        try:
-            return read_lease(self.store, pid)
-        except CorruptManifest as err:
-            self._warn_once(f"lease {pid}", f"{pid}: the upload lease object is damaged "
-                            f"({err}); it is replaced when the partition is next taken")
-            self._count()
-            return None, self.store.head(pid.lease_key).etag
+        return _lease_or_damaged(self.store, pid, self._warn_once, self._count)
 
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
@@ -544,22 +548,19 @@ class LeaseKeeper:
                      ) -> int:
         """Try every acquisition; a few at a time (each is a handful of requests in series,
         and a node starting beside a thousand free partitions should not take minutes)."""
-        def one(pid: PartitionId) -> int:  # none once stopping: a stop waits for no queue
-            if self._stop.is_set() or self._stopping():
-                return 0
-            return self._acquire(pid, force=pid in orphaned)
-
         if len(pids) <= 1:
-            return sum(map(one, pids))
+            return sum(self._acquire(pid, force=pid in orphaned) for pid in pids)
         with ThreadPoolExecutor(min(ACQUIRE_WORKERS, len(pids)),
                                 thread_name_prefix="lease-acquire") as pool:
-            return sum(pool.map(one, pids))
+            return sum(pool.map(lambda pid: self._acquire(pid, force=pid in orphaned), pids))
 
     def _acquire(self, pid: PartitionId, *, force: bool = False) -> int:
         """Take `pid`'s lease when it is free, this node's, or its holder is gone (`force`:
         also from a live holder that has not advertised it for a lease time, and so is not
         using it); 1 when this process now holds it. Taking a lease from a holder that still
         works is safe, only wasteful: the new generation fences its commits."""
+        if self._stop.is_set() or self._stopping():
+            return 0  # none is started once stopping: a stop waits for no queue of them
         head_read: _HeadRead | None = None
         with self._lock:
             unadvertised = self._peers.holder_of(pid) is None  # by any other node's record

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -66,6 +67,10 @@ class RemoteHousekeeper:
         self._lock = lock
         #: partitions whose latest housekeeping found history lost (ArchiverStats)
         self._history_lost: set[TopicPartition] = set()
+        #: the daemon's: each partition's first full pass falls at its own point of the first
+        #: GC grace period, not all of them at start (`spread_first_pass`)
+        self.spread_first_full_pass = False
+        self._seen: set[TopicPartition] = set()
 
     @property
     def ownership(self) -> Ownership:
@@ -114,6 +119,9 @@ class RemoteHousekeeper:
                 if tc.remote_retention_applies:
                     limits = RetentionLimits(tc.retention_ms, tc.retention_bytes)
                 now = self._now_ms()
+                if self.spread_first_full_pass and tp not in self._seen:
+                    self._seen.add(tp)
+                    self.spread_first_pass(state, now)
                 # from the bucket as it is now, never the cursor's copy: another writer (a
                 # merge, a second daemon) may have committed since the cursor last looked;
                 # a quiet partition's copy is only proven unchanged (one HEAD)
@@ -147,6 +155,20 @@ class RemoteHousekeeper:
         if out.new_start_offset is not None:
             row.detail = f"remote start offset now {out.new_start_offset}"
         return row, out.deleted_objects
+
+    def spread_first_pass(self, state: PartitionState, now_ms: int) -> None:
+        """Count the partition as fully housekept at a point of the last grace period fixed by
+        its name, when this process holds its head: its first full pass then comes within
+        one grace period, and a restart at thousands of partitions lists and reads them
+        over that period instead of all at once (docs/operations.md, "An idle partition").
+        What it delays is only the collection of orphans, by at most one grace period, which
+        costs their storage and nothing else: a head lost or changed, or anything due in it
+        (replaced segments, retention), still ends the quiet path at the next pass."""
+        cursor = state.cursor
+        if state.housekept_etag is None and cursor.loaded and cursor.etag is not None:
+            state.housekept_etag = cursor.etag
+            state.housekept_ms = now_ms - zlib.crc32(str(state.tp).encode()) % max(
+                1, self.gc.grace_ms)
 
     def quiet(self, state: PartitionState, limits: RetentionLimits | None, now_ms: int
                ) -> tuple[PartitionManifest, str] | None:

@@ -292,7 +292,8 @@ class Archiver:
                     report.partitions.append(row)
             report.partitions.extend(r for r in (f.result() for f in futures) if r is not None)
         report.partitions.sort(key=lambda r: (r.topic, r.partition))
-        self._save_topic_manifests(states, report)
+        report.errors.extend(save_topic_manifests(
+            self.store, states, self._topic_config, self._topic_manifests))
         return report
 
     def _settled(self, state: PartitionState, now_ms: int) -> bool:
@@ -375,29 +376,17 @@ class Archiver:
             s.commits_total += out.commits
             s.commit_conflicts_total += out.conflicts
 
-    def _save_topic_manifests(self, states: list[PartitionState], report: PassReport) -> None:
-        """Write each archived topic's manifest the first time and whenever its settings
-        change (recovery enumerates topics by these)."""
-        counts: dict[tuple[str, str], int] = {}
-        archived: set[tuple[str, str]] = set()
-        for s in states:
-            key = (s.tp.topic, s.revision)
-            # every local partition counts, uploaded here or by another node's lease
-            counts[key] = max(counts.get(key, 0), s.tp.partition + 1)
-            m = s.cursor.manifest
-            if m is not None and m.last_offset >= 0:
-                archived.add(key)
-        for (topic, revision), count in sorted((k, counts[k]) for k in archived):
-            try:
-                tm = TopicManifest.from_topic_config(
-                    self._topic_config(topic), revision=revision, partition_count=count)
-                if self._topic_manifests.get((topic, revision)) != tm:
-                    save_topic_manifest(self.store, tm)
-                    self._topic_manifests[topic, revision] = tm
-            except TieredError as err:
-                report.errors.append(f"{topic}: saving the topic manifest: {err}")
-
     # -- remote housekeeping and local retention (their own modules) ---------------------------
+
+    @property
+    def spread_first_full_pass(self) -> bool:
+        """Whether each partition's first full housekeeping pass falls at its own point of
+        the first grace period (`RemoteHousekeeper.spread_first_pass`): the daemon's."""
+        return self.housekeeper.spread_first_full_pass
+
+    @spread_first_full_pass.setter
+    def spread_first_full_pass(self, spread: bool) -> None:
+        self.housekeeper.spread_first_full_pass = spread
 
     def housekeeping(self) -> PassReport:
         """Remote retention, replaced-segment and archived-manifest GC and orphan GC for every
@@ -540,6 +529,34 @@ class Archiver:
         """Nothing to release but the store, which the caller opened and closes."""
         with self._lock:
             self._partitions.clear()
+
+
+def save_topic_manifests(store: ObjectStore, states: list[PartitionState],
+                         topic_config: Callable[[str], TopicConfig],
+                         saved: dict[tuple[str, str], TopicManifest]) -> list[str]:
+    """Write each archived topic's manifest the first time and whenever its settings
+    change (recovery enumerates topics by these); `saved` holds what was written, by
+    (topic, revision). Returns the errors, one per topic."""
+    counts: dict[tuple[str, str], int] = {}
+    archived: set[tuple[str, str]] = set()
+    errors: list[str] = []
+    for s in states:
+        key = (s.tp.topic, s.revision)
+        # every local partition counts, uploaded here or by another node's lease
+        counts[key] = max(counts.get(key, 0), s.tp.partition + 1)
+        m = s.cursor.manifest
+        if m is not None and m.last_offset >= 0:
+            archived.add(key)
+    for (topic, revision), count in sorted((k, counts[k]) for k in archived):
+        try:
+            tm = TopicManifest.from_topic_config(
+                topic_config(topic), revision=revision, partition_count=count)
+            if saved.get((topic, revision)) != tm:
+                save_topic_manifest(store, tm)
+                saved[topic, revision] = tm
+        except TieredError as err:
+            errors.append(f"{topic}: saving the topic manifest: {err}")
+    return errors
 
 
 def _node_name(config: Config) -> str | None:

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from support.archiving import Disk, write_partition
+from support.archiving import Clock, Disk, write_partition
 from support.configs import config_over
 from support.counting import CountingStore as Requests
 
@@ -165,3 +165,38 @@ def test_a_one_shot_pass_housekeeps_the_heads_it_created_with_one_head_each(
     # needs no listing or read of its own, only the HEAD that finds a head lost since
     assert seen[("list", "partition")] == 1 and seen[("head", "head")] == 1
     assert ("get", "head") not in seen
+
+
+def test_a_restarted_daemon_spreads_the_first_full_passes_over_a_grace_period(
+        tmp_path: Path) -> None:
+    config, store = setup(tmp_path)
+    first = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, first)
+    keeper.tick()
+    first.run_once()
+    keeper.stop(release=True)
+
+    def restarted(spread: bool) -> Archiver:
+        again = Archiver(config, store, disk_usage=Disk(), clock=clock)
+        member(config, store, again).tick()
+        again.upload_round()
+        again.spread_first_full_pass = spread
+        store.take()
+        return again
+
+    clock = Clock()
+    # `archive --once` and a bare archiver: the first housekeeping is a full pass for all
+    restarted(False).housekeeping()
+    assert per_partition(store.take())[("list", "partition")] == 1
+    # the daemon: one HEAD each at first, then each partition's full pass at its own point
+    # of the next grace period, exactly once
+    again = restarted(True)
+    again.housekeeping()
+    assert store.take() == Counter({("head", "head"): PARTITIONS})
+    grace_s = config.cluster_int("cloud_storage_gc_grace_period_ms") / 1000
+    full = 0
+    for _ in range(8):
+        clock.advance(grace_s / 8)
+        again.housekeeping()
+        full += store.take()[("list", "partition")]
+    assert full == PARTITIONS

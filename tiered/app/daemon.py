@@ -451,6 +451,8 @@ class Daemon:
         try:
             archiver = self._new_archiver(self.config, store)
             archiver.stopping = self._stop.is_set  # passes end with the partitions in flight
+            # no restart storm of full housekeeping passes at thousands of partitions
+            archiver.spread_first_full_pass = True
             try:
                 from tiered.app.cluster import leases_for
 

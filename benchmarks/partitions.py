@@ -15,7 +15,10 @@ bucket:
    its CPU over `--idle-s` seconds (percent of one core, and per 1,000 partitions), its RSS,
    and the store requests it made meanwhile (its `tiered_lease_requests_total` and the
    server's request log are not needed: the daemon's own store counters); last, the time from
-   SIGTERM to its exit.
+   SIGTERM to its exit;
+4. a busy stop: `tiered run` on a second, empty bucket (every partition to upload again),
+   sent SIGTERM once its first segments are uploaded: the time to its exit and the segments
+   it uploaded, of all it had to (a stop ends each pass with the partitions in flight).
 
 The machine is shared and small: moto competes with the sidecar for the same two cores,
 so absolute figures are the server's more than ours; the ratios and the per-partition
@@ -223,6 +226,39 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
     return out
 
 
+def busy_stop(moto: MotoServer, workdir: Path, log_dir: Path, segments: int,
+              timeout_s: float = 300.0) -> dict[str, Any]:
+    """SIGTERM to a daemon in the middle of its first upload round: seconds to its exit."""
+    bucket = f"busy-{uuid.uuid4().hex[:8]}"
+    moto.create_bucket(bucket)
+    config = workdir / "busy.toml"
+    config.write_text(daemon_config(
+        bucket=bucket, endpoint=moto.endpoint, log_dir=log_dir, cache_dir=workdir / "cache2",
+        cluster="cloud_storage_upload_lease_ms = 30000"))
+    daemon = DaemonProcess(config, workdir / "busy.log")
+    try:
+        deadline = time.monotonic() + timeout_s
+        uploaded = 0.0
+        while time.monotonic() < deadline and uploaded < 1:
+            uploaded = daemon.metric("tiered_uploaded_segments_total")
+            time.sleep(0.2)
+        start = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        try:
+            daemon.proc.wait(timeout=120)
+            stop_s: float | None = round(time.monotonic() - start, 2)
+        except subprocess.TimeoutExpired:
+            stop_s = None
+    finally:
+        daemon.stop()
+    client = moto.client()
+    done = sum(1 for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+               for o in page.get("Contents", ()) if o["Key"].endswith(".log"))
+    client.close()
+    return {"stop_s": stop_s, "segments_uploaded_before_exit": done,
+            "segments_to_upload": segments}
+
+
 def one_count(moto: MotoServer, partitions: int, args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"tiered-partitions-{partitions}-"))
     try:
@@ -244,12 +280,15 @@ def one_count(moto: MotoServer, partitions: int, args: argparse.Namespace) -> di
                               once["uploaded_segments"])
         progress(f"{partitions} partitions: tiered run")
         daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s)
+        progress(f"{partitions} partitions: a busy stop")
+        busy = busy_stop(moto, workdir, log_dir, once["uploaded_segments"])
         return {
             "partitions": partitions,
             "archive_once": once,
             "boto3": base,
             "throughput_vs_boto3": round(once["segments_per_s"] / base["segments_per_s"], 2),
             "daemon": daemon,
+            "busy_stop": busy,
         }
     finally:
         moto.reset()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from archiver.lease_keeper import Ownership
@@ -43,6 +43,18 @@ log = logging.getLogger(__name__)
 __all__ = ["LocalRetentionPass"]
 
 
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """A partition's view, with the inputs it was computed from (compared by identity)."""
+
+    part: PartitionLog
+    manifest: PartitionManifest | None
+    tc: TopicConfig
+    active_size: int
+    view: PartitionView
+    snap: LogSnapshot
+
+
 class LocalRetentionPass:
     """Local retention and the partition views (also what the controller's backlog and
     describe-storage are computed from). Keeps the space-management cursor between passes."""
@@ -60,6 +72,8 @@ class LocalRetentionPass:
         self._topic_config = topic_config
         self._now_ms = now_ms
         self._space_cursor = 0
+        #: the last view of each partition and what it was computed from (`_view`)
+        self._views: dict[TopicPartition, _Memo] = {}
 
     @property
     def ownership(self) -> Ownership:
@@ -71,6 +85,8 @@ class LocalRetentionPass:
         views: list[PartitionView] = []
         snaps: dict[TopicPartition, LogSnapshot] = {}
         failed: list[PartitionReport] = []
+        if len(self._views) > 2 * len(states) + 64:  # partitions gone from the log dirs
+            self._views = {s.tp: self._views[s.tp] for s in states if s.tp in self._views}
         for s in states:
             try:
                 view, snap = self._view(s.log, s.cursor)
@@ -82,16 +98,30 @@ class LocalRetentionPass:
             snaps[s.tp] = snap
         return views, snaps, failed
 
-    def _view(self, part: PartitionLog, cursor: ArchivalCursor | None
+    def _view(self, part: PartitionLog, cursor: ArchivalCursor | None, *, keep: bool = True
               ) -> tuple[PartitionView, LogSnapshot]:
-        snap = snapshot_of(part, self.facts)
+        """The partition's view and log snapshot; the last ones again while their inputs are
+        the same objects and the active segment has the same size (an unchanged partition
+        keeps its `PartitionLog`, `LocalLog`'s `reuse_unchanged`): the controller and local
+        retention ask for every partition's view, and most are idle (docs/operations.md).
+        `keep`: remember this one (not for a listing of its own, whose objects are new)."""
         tc = self._topic_config(part.topic)
         # the last head this process saw committed, even when due for a re-read: the offsets
         # a committed head covers only grow, so an older copy can only under-state them
         m = cursor.manifest if cursor is not None else None
+        active = part.active_segment
+        size = -1 if active is None else active.size()
+        memo = self._views.get(part.tp)
+        if memo is not None and memo.part is part and memo.manifest is m and memo.tc is tc \
+                and memo.active_size == size:
+            return memo.view, memo.snap
+        snap = snapshot_of(part, self.facts)
         uploaded = None if m is None or m.last_offset < 0 else m.last_offset
         covered = {} if m is None or uploaded is None else _covered_bytes(m, snap, uploaded)
-        return partition_view(part.topic, part.partition, snap, tc, uploaded, covered), snap
+        view = partition_view(part.topic, part.partition, snap, tc, uploaded, covered)
+        if keep:
+            self._views[part.tp] = _Memo(part, m, tc, size, view, snap)
+        return view, snap
 
     def fresh_views(self, states: list[PartitionState]) -> list[PartitionView]:
         """Views of a listing of the log dirs of its own, with the committed offsets the
@@ -103,7 +133,7 @@ class LocalRetentionPass:
             state = known.get(part.tp)
             cursor = state.cursor if state and state.revision == revision_of(part) else None
             try:
-                views.append(self._view(part, cursor)[0])
+                views.append(self._view(part, cursor, keep=False)[0])
             except (TieredError, OSError) as err:
                 log.debug("%s: left out of the backlog: %s", part.tp, err)
         return views

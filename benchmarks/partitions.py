@@ -235,12 +235,16 @@ def busy_stop(moto: MotoServer, workdir: Path, log_dir: Path, segments: int,
     config.write_text(daemon_config(
         bucket=bucket, endpoint=moto.endpoint, log_dir=log_dir, cache_dir=workdir / "cache2",
         cluster="cloud_storage_upload_lease_ms = 30000"))
+    client = moto.client()
+
+    def segments_in_bucket() -> int:
+        return sum(1 for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket) for o in page.get("Contents", ()) if o["Key"].endswith(".log"))
+
     daemon = DaemonProcess(config, workdir / "busy.log")
-    try:
+    try:  # the daemon's metrics are published after each round: the bucket tells sooner
         deadline = time.monotonic() + timeout_s
-        uploaded = 0.0
-        while time.monotonic() < deadline and uploaded < 1:
-            uploaded = daemon.metric("tiered_uploaded_segments_total")
+        while time.monotonic() < deadline and not segments_in_bucket():
             time.sleep(0.2)
         start = time.monotonic()
         daemon.proc.send_signal(signal.SIGTERM)
@@ -251,9 +255,7 @@ def busy_stop(moto: MotoServer, workdir: Path, log_dir: Path, segments: int,
             stop_s = None
     finally:
         daemon.stop()
-    client = moto.client()
-    done = sum(1 for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
-               for o in page.get("Contents", ()) if o["Key"].endswith(".log"))
+    done = segments_in_bucket()
     client.close()
     return {"stop_s": stop_s, "segments_uploaded_before_exit": done,
             "segments_to_upload": segments}

@@ -13,10 +13,14 @@ with the log after the clock stops):
   (1 MiB reads), one after another: the baseline;
 * confluent_cold: a confluent-kafka (librdkafka) consumer assigned the partition from the
   beginning, reading every archived offset with an empty read cache, default client settings
-  (1 MiB per partition and fetch); the clock starts once the client has the topic's metadata;
-  also the daemon's CPU seconds per MB;
-* confluent_warm: the same again, every chunk now in the cache (`store_bytes_downloaded` shows
-  what each run fetched from the store);
+  (1 MiB per partition and fetch), against a daemon at the default cache settings (eager
+  eviction: a chunk is dropped once its reader moved past it, never written to disk); the
+  clock starts once the client has the topic's metadata; also the daemon's CPU seconds per MB;
+* confluent_cold_capped: the same against a second daemon that keeps every chunk (the
+  `capped` strategy, every chunk of a segment allowed), so each chunk is also written to the
+  cache directory;
+* confluent_warm: that second daemon read again, every chunk now in its cache
+  (`store_bytes_downloaded` shows what each run fetched from the store);
 * kafka_python: kafka-python reading the first `--kafka-python-mb` MiB (warm), the same way.
 The headline is confluent_cold / boto3 (goal >= 0.5).
 """
@@ -135,11 +139,15 @@ def use_scram(config: Any) -> None:
 
 
 def config_text(work: Path, endpoint: str, port: int, prefetch: int | None, chunk: int,
-                cache_dir: Path, scram: bool = False) -> str:
+                cache_dir: Path, scram: bool = False, keep: bool = False) -> str:
     """The daemon's configuration; `prefetch` None leaves `cloud_storage_chunk_prefetch` out
-    (the default, adaptive read-ahead)."""
+    (the default, adaptive read-ahead); `keep`: the cache keeps every chunk a reader passed
+    until it needs room (the default, eager, lets a chunk go once its reader moved on), so a
+    second read finds a warm cache."""
     kafka = f'[kafka]\nlisten = "127.0.0.1:{port}"'
     prefetch_line = "" if prefetch is None else f"cloud_storage_chunk_prefetch = {prefetch}"
+    keep_lines = ('cloud_storage_chunk_eviction_strategy = "capped"\n'
+                  "cloud_storage_hydrated_chunks_per_segment_ratio = 1.0") if keep else ""
     if scram:
         kafka += '\nsasl_mechanisms = ["SCRAM-SHA-512"]'
     return daemon_config(
@@ -148,10 +156,7 @@ def config_text(work: Path, endpoint: str, port: int, prefetch: int | None, chun
             cloud_storage_cache_size = {64 * 1024 * MIB}
             {prefetch_line}
             cloud_storage_cache_chunk_size = {chunk}
-            # keep every chunk a reader passed until the cache needs room (the default, eager,
-            # lets a chunk go once its reader moved on): the second run then reads a warm cache
-            cloud_storage_chunk_eviction_strategy = "capped"
-            cloud_storage_hydrated_chunks_per_segment_ratio = 1.0
+            {keep_lines}
             cloud_storage_segment_max_upload_interval_sec = 86400
             log_retention_ms = -1
             """))
@@ -276,9 +281,10 @@ def run(argv: list[str]) -> dict[str, Any]:
             progress(f"writing {args.size_mb} MiB in {args.segment_mb} MiB segments")
             closed, end = write_log(work / "logs", args.size_mb * MIB, args.segment_mb * MIB)
             kafka_port = free_port()
-            (work / "tiered.toml").write_text(config_text(
-                work, moto.endpoint, kafka_port, args.prefetch, args.chunk_mb * MIB, cache_dir,
-                scram=args.scram))
+            for name, keep in (("tiered.toml", False), ("tiered-keep.toml", True)):
+                (work / name).write_text(config_text(
+                    work, moto.endpoint, kafka_port, args.prefetch, args.chunk_mb * MIB,
+                    cache_dir, scram=args.scram, keep=keep))
             config = parse_config(tomllib.loads((work / "tiered.toml").read_text()),
                                   source="benchmark", base_dir=work)
             progress("archiving it")
@@ -300,13 +306,15 @@ def run(argv: list[str]) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(cache_dir, ignore_errors=True)
-    for name in ("boto3", "confluent_cold", "confluent_warm", "kafka_python"):
+    for name in ("boto3", "confluent_cold", "confluent_cold_capped", "confluent_warm",
+                 "kafka_python"):
         runs = [r[name] for r in rounds]
         report[name] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
     report["ratios"] = {  # median over the rounds of each round's ratio to its own baseline
         name: round(statistics.median(r[name]["mb_per_s"] / r["boto3"]["mb_per_s"]
                                       for r in rounds), 3)
-        for name in ("confluent_cold", "confluent_warm", "kafka_python")}
+        for name in ("confluent_cold", "confluent_cold_capped", "confluent_warm",
+                     "kafka_python")}
     report["rounds"] = rounds
     report["goal"] = "confluent_cold / boto3 >= 0.5"
     report["versions"] = versions("boto3", "moto", "confluent-kafka", "kafka-python", "kio")
@@ -317,8 +325,9 @@ def one_round(i: int, args: argparse.Namespace, work: Path, moto: MotoServer, ka
               cache_dir: Path, segment_keys: list[tuple[str, int]], archived_bytes: int,
               archived_end: int, fetch_bytes: int | None, expected_values: list[bytes]
               ) -> dict[str, Any]:
-    """The baseline, then a daemon with an empty cache read twice by confluent-kafka and once
-    (its first `--kafka-python-mb`) by kafka-python."""
+    """The baseline; a daemon at the default cache settings read once by confluent-kafka; then
+    a daemon keeping every chunk, read twice by confluent-kafka and once (its first
+    `--kafka-python-mb`) by kafka-python."""
     out: dict[str, Any] = {}
     progress(f"round {i + 1}: boto3, every segment object, one streamed GET each")
     client = moto.client()
@@ -332,41 +341,51 @@ def one_round(i: int, args: argparse.Namespace, work: Path, moto: MotoServer, ka
     if got != archived_bytes:
         raise SystemExit("boto3 read a different size")
     out["boto3"] = {"mb_per_s": round(got / boto3_s / MB, 1), "seconds": round(boto3_s, 2)}
-    shutil.rmtree(cache_dir, ignore_errors=True)  # every round starts cold
-    cache_dir.mkdir()
-    daemon = DaemonProcess(work / "tiered.toml", work / f"daemon-{i}.log",
-                           kafka_listening(kafka_port), tree=args.tree)
-    try:
-        daemon.settle()
-        for name in ("confluent_cold", "confluent_warm"):
-            progress(f"round {i + 1}: {name}, every archived offset")
+    for config, names in (("tiered.toml", ("confluent_cold",)),
+                          ("tiered-keep.toml", ("confluent_cold_capped", "confluent_warm"))):
+        shutil.rmtree(cache_dir, ignore_errors=True)  # every daemon starts cold
+        cache_dir.mkdir()
+        daemon = DaemonProcess(work / config, work / f"daemon-{i}-{config}.log",
+                               kafka_listening(kafka_port), tree=args.tree)
+        try:
+            daemon.settle()
+            for name in names:
+                progress(f"round {i + 1}: {name}, every archived offset")
+                out[name] = _confluent_run(daemon, kafka_port, archived_end, archived_bytes,
+                                           fetch_bytes, expected_values)
+            if config == "tiered.toml":
+                continue
+            kp_end = min(archived_end, args.kafka_python_mb * MIB // (
+                RECORDS_PER_BATCH * RECORD_BYTES) * RECORDS_PER_BATCH)
+            kp_bytes = archived_bytes * kp_end // archived_end
+            progress(f"round {i + 1}: kafka-python, the first {kp_bytes // MIB} MiB (warm)")
             cpu0 = daemon.cpu_s()
-            got0 = daemon.metric("tiered_cache_downloaded_bytes_total")
-            count, took, values, startup = confluent_read(kafka_port, archived_end,
-                                                          fetch_bytes)
+            count, took, values = kafka_python_read(kafka_port, kp_end)
             cpu = daemon.cpu_s() - cpu0
-            downloaded = daemon.metric("tiered_cache_downloaded_bytes_total") - got0
-            check(values, expected_values)
-            del values
-            out[name] = {"mb_per_s": round(archived_bytes / took / MB, 1),
-                         "seconds": round(took, 2), "messages": count,
-                         "first_message_s": round(startup, 2),
-                         "store_bytes_downloaded": int(downloaded),
-                         "daemon_cpu_s_per_mb": round(cpu / (archived_bytes / MB), 4)}
-        kp_end = min(archived_end, args.kafka_python_mb * MIB // (
-            RECORDS_PER_BATCH * RECORD_BYTES) * RECORDS_PER_BATCH)
-        kp_bytes = archived_bytes * kp_end // archived_end
-        progress(f"round {i + 1}: kafka-python, the first {kp_bytes // MIB} MiB (warm)")
-        cpu0 = daemon.cpu_s()
-        count, took, values = kafka_python_read(kafka_port, kp_end)
-        cpu = daemon.cpu_s() - cpu0
-        check(values[:kp_end], expected_values)
-        out["kafka_python"] = {"mb_per_s": round(kp_bytes / took / MB, 1),
-                               "seconds": round(took, 2), "bytes": kp_bytes,
-                               "daemon_cpu_s_per_mb": round(cpu / (kp_bytes / MB), 4)}
-    finally:
-        daemon.stop()
+            check(values[:kp_end], expected_values)
+            out["kafka_python"] = {"mb_per_s": round(kp_bytes / took / MB, 1),
+                                   "seconds": round(took, 2), "bytes": kp_bytes,
+                                   "daemon_cpu_s_per_mb": round(cpu / (kp_bytes / MB), 4)}
+        finally:
+            daemon.stop()
     return out
+
+
+def _confluent_run(daemon: DaemonProcess, kafka_port: int, archived_end: int,
+                   archived_bytes: int, fetch_bytes: int | None, expected_values: list[bytes]
+                   ) -> dict[str, Any]:
+    """One confluent-kafka read of every archived offset, checked, with the daemon's CPU."""
+    cpu0 = daemon.cpu_s()
+    got0 = daemon.metric("tiered_cache_downloaded_bytes_total")
+    count, took, values, startup = confluent_read(kafka_port, archived_end, fetch_bytes)
+    cpu = daemon.cpu_s() - cpu0
+    downloaded = daemon.metric("tiered_cache_downloaded_bytes_total") - got0
+    check(values, expected_values)
+    return {"mb_per_s": round(archived_bytes / took / MB, 1),
+            "seconds": round(took, 2), "messages": count,
+            "first_message_s": round(startup, 2),
+            "store_bytes_downloaded": int(downloaded),
+            "daemon_cpu_s_per_mb": round(cpu / (archived_bytes / MB), 4)}
 
 
 def main(argv: list[str] | None = None) -> int:

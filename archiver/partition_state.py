@@ -4,6 +4,7 @@ ETag as last seen, the idle timer, fencing; and the revision and writer term of 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,8 +47,9 @@ class PartitionState:
     def tp(self) -> TopicPartition:
         return self.log.tp
 
-    @property
+    @functools.cached_property
     def pid(self) -> PartitionId:
+        """Fixed for the state's life: a new revision is a new state (`Archiver.scan`)."""
         return PartitionId(self.log.topic, self.log.partition, self.revision)
 
     def target(self) -> PartitionTarget:

@@ -148,6 +148,7 @@ class Archiver:
         self._rescan = False
         self._lock = threading.RLock()  # partitions dict, stats, controller state
         self._partitions: dict[TopicPartition, PartitionState] = {}
+        self._sorted: list[PartitionState] | None = None  # `_partitions` by partition
         self._topic_manifests: dict[tuple[str, str], TopicManifest] = {}  # by (topic, rev)
         self._stats = ArchiverStats(controller_shares=self._ctrl_output.shares)
         #: effective topic settings by topic (the configuration is fixed for the archiver's
@@ -200,6 +201,7 @@ class Archiver:
             if tp not in found:
                 log.info("%s: partition left the log dirs", tp)
                 del self._partitions[tp]
+                self._sorted = None
         for tp, part in found.items():
             term = self.term_override if self.term_override is not None else term_of(part)
             state = self._partitions.get(tp)
@@ -207,6 +209,7 @@ class Archiver:
             if state is None or state.revision != revision:
                 cursor = ArchivalCursor(None, None, self._now_ms())
                 self._partitions[tp] = PartitionState(part, revision, term, cursor)
+                self._sorted = None
                 log.debug("%s: archiving as revision %s, term %d", tp, revision, term)
             else:
                 state.log, state.term = part, term
@@ -245,8 +248,9 @@ class Archiver:
 
     def _states(self, topic: str | None = None) -> list[PartitionState]:
         with self._lock:
-            return [s for tp, s in sorted(self._partitions.items())
-                    if topic is None or tp.topic == topic]
+            if self._sorted is None:  # sorted once per change of the partition set
+                self._sorted = [s for _tp, s in sorted(self._partitions.items())]
+            return [s for s in self._sorted if topic is None or s.tp.topic == topic]
 
     # -- uploads ---------------------------------------------------------------------------------
 
@@ -529,6 +533,7 @@ class Archiver:
         """Nothing to release but the store, which the caller opened and closes."""
         with self._lock:
             self._partitions.clear()
+            self._sorted = None
 
 
 def save_topic_manifests(store: ObjectStore, states: list[PartitionState],

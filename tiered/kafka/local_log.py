@@ -175,7 +175,7 @@ class LocalLog:
         self.partitions: dict[TopicPartition, PartitionLog] = {}
         self._reuse = reuse_unchanged
         #: partition dir -> (its mtime in ns when last read, what was read)
-        self._read: dict[Path, tuple[int, PartitionLog]] = {}
+        self._read: dict[str, tuple[int, PartitionLog]] = {}
         self.scan()
 
     def __iter__(self) -> Iterator[PartitionLog]:
@@ -198,7 +198,7 @@ class LocalLog:
         """Re-read every log dir; returns which partitions appeared, vanished or changed."""
         found: dict[TopicPartition, PartitionLog] = {}
         duplicates: set[TopicPartition] = set()
-        seen: dict[Path, tuple[int, PartitionLog]] | None = {} if self._reuse else None
+        seen: dict[str, tuple[int, PartitionLog]] | None = {} if self._reuse else None
         for log_dir in self.log_dirs:
             for part in _scan_log_dir(log_dir, self._read if self._reuse else None, seen):
                 if part.tp in found:
@@ -218,7 +218,8 @@ class LocalLog:
             removed=tuple(sorted(tp for tp in old if tp not in found)),
             changed=tuple(sorted(
                 tp for tp in found
-                if tp in old and _segment_files(old[tp]) != _segment_files(found[tp])
+                if tp in old and old[tp] is not found[tp]
+                and _segment_files(old[tp]) != _segment_files(found[tp])
             )),
         )
 
@@ -263,8 +264,8 @@ def _skipping(path: str, reason: str, level: int) -> None:
     log.log(level if first else logging.DEBUG, "%s: %s; skipping", path, reason)
 
 
-def _scan_log_dir(log_dir: Path, previous: dict[Path, tuple[int, PartitionLog]] | None = None,
-                  seen: dict[Path, tuple[int, PartitionLog]] | None = None
+def _scan_log_dir(log_dir: Path, previous: dict[str, tuple[int, PartitionLog]] | None = None,
+                  seen: dict[str, tuple[int, PartitionLog]] | None = None
                   ) -> Iterator[PartitionLog]:
     """The partitions of one log dir. With `previous` (see `LocalLog`'s `reuse_unchanged`),
     a directory whose mtime is what it was when last read, and not recent, is not read
@@ -286,6 +287,13 @@ def _scan_log_dir(log_dir: Path, previous: dict[Path, tuple[int, PartitionLog]] 
             if name not in KNOWN_LOG_DIR_FILES and not name.endswith(".tmp"):
                 _skipping(entry.path, "not a partition directory", logging.INFO)
             continue
+        known = None if previous is None else previous.get(entry.path)
+        if known is not None and seen is not None:  # read before: named and parsed then
+            reused = _reused(entry, known, checkpoints, now_ns)
+            if reused is not None:
+                seen[entry.path] = reused
+                yield reused[1]
+                continue
         reason = next((why for suffix, why in SKIPPED_DIR_SUFFIXES.items()
                        if name.endswith(suffix)), None)
         if reason is not None:
@@ -300,18 +308,28 @@ def _scan_log_dir(log_dir: Path, previous: dict[Path, tuple[int, PartitionLog]] 
         if previous is None or seen is None:
             yield _load_partition(tp, directory, checkpoints)
             continue
-        try:
-            mtime_ns = entry.stat().st_mtime_ns
-        except OSError:
-            mtime_ns = -1
-        known = previous.get(directory)
-        if known is not None and known[0] == mtime_ns and now_ns - mtime_ns > RACY_MTIME_NS \
-                and not checkpoints.problems and not known[1].problems:
-            part = _with_offsets(known[1], checkpoints)
-        else:
-            part = _load_partition(tp, directory, checkpoints)
-        seen[directory] = (mtime_ns, part)
+        mtime_ns = _mtime_ns(entry)
+        part = _load_partition(tp, directory, checkpoints)
+        seen[entry.path] = (mtime_ns, part)
         yield part
+
+
+def _mtime_ns(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat().st_mtime_ns
+    except OSError:
+        return -1
+
+
+def _reused(entry: os.DirEntry[str], known: tuple[int, PartitionLog],
+            checkpoints: _DirCheckpoints, now_ns: int) -> tuple[int, PartitionLog] | None:
+    """The partition read last time, with its new offsets, while its directory's mtime is
+    what it was then and not recent (see `LocalLog`'s `reuse_unchanged`); None: read it."""
+    mtime_ns = _mtime_ns(entry)
+    if known[0] == mtime_ns and now_ns - mtime_ns > RACY_MTIME_NS \
+            and not checkpoints.problems and not known[1].problems:
+        return mtime_ns, _with_offsets(known[1], checkpoints)
+    return None
 
 
 def _with_offsets(part: PartitionLog, dir_state: _DirCheckpoints) -> PartitionLog:

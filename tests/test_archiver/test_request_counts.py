@@ -40,6 +40,15 @@ def member(config: Config, store: Requests, archiver: Archiver) -> LeaseKeeper:
     return keeper
 
 
+def archive_and_stop(config: Config, store: Requests) -> None:
+    """A daemon's life before a restart: its leases, one whole pass, a clean stop."""
+    first = Archiver(config, store, disk_usage=Disk())
+    keeper = member(config, store, first)
+    keeper.tick()
+    first.run_once()
+    keeper.stop(release=True)
+
+
 def per_partition(seen: Counter[tuple[str, str]], partitions: int = PARTITIONS
                   ) -> dict[tuple[str, str], float]:
     return {k: v / partitions for k, v in seen.items() if k[1] not in ("node", "topic")}
@@ -136,11 +145,7 @@ def test_an_idle_partition_costs_no_request_but_one_head_per_housekeeping(
 
 def test_a_restart_reads_each_lease_and_head_once_and_writes_nothing(tmp_path: Path) -> None:
     config, store = setup(tmp_path)
-    first = Archiver(config, store, disk_usage=Disk())
-    keeper = member(config, store, first)
-    keeper.tick()
-    first.run_once()
-    keeper.stop(release=True)
+    archive_and_stop(config, store)
     assert store.take()[("delete", "node")] == 1  # the whole release
 
     again = Archiver(config, store, disk_usage=Disk())
@@ -170,11 +175,7 @@ def test_a_one_shot_pass_housekeeps_the_heads_it_created_with_one_head_each(
 def test_a_restarted_daemon_spreads_the_first_full_passes_over_a_grace_period(
         tmp_path: Path) -> None:
     config, store = setup(tmp_path)
-    first = Archiver(config, store, disk_usage=Disk())
-    keeper = member(config, store, first)
-    keeper.tick()
-    first.run_once()
-    keeper.stop(release=True)
+    archive_and_stop(config, store)
 
     def restarted(spread: bool) -> Archiver:
         again = Archiver(config, store, disk_usage=Disk(), clock=clock)

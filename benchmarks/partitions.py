@@ -226,15 +226,23 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
     return out
 
 
+def new_bucket(moto: MotoServer, bucket: str, workdir: Path, log_dir: Path, name: str
+               ) -> Path:
+    """`bucket`, created, and the path of a daemon configuration `name`.toml over it and
+    `log_dir` (a cache directory of its own)."""
+    moto.create_bucket(bucket)
+    config = workdir / f"{name}.toml"
+    config.write_text(daemon_config(
+        bucket=bucket, endpoint=moto.endpoint, log_dir=log_dir, cache_dir=workdir / f"{name}-cache",
+        cluster="cloud_storage_upload_lease_ms = 30000"))
+    return config
+
+
 def busy_stop(moto: MotoServer, workdir: Path, log_dir: Path, segments: int,
               timeout_s: float = 300.0) -> dict[str, Any]:
     """SIGTERM to a daemon in the middle of its first upload round: seconds to its exit."""
     bucket = f"busy-{uuid.uuid4().hex[:8]}"
-    moto.create_bucket(bucket)
-    config = workdir / "busy.toml"
-    config.write_text(daemon_config(
-        bucket=bucket, endpoint=moto.endpoint, log_dir=log_dir, cache_dir=workdir / "cache2",
-        cluster="cloud_storage_upload_lease_ms = 30000"))
+    config = new_bucket(moto, bucket, workdir, log_dir, "busy")
     client = moto.client()
 
     def segments_in_bucket() -> int:
@@ -270,11 +278,7 @@ def one_count(moto: MotoServer, partitions: int, args: argparse.Namespace) -> di
         write_log(log_dir, partitions)
         files = closed_files(log_dir)
         bucket = f"partitions-{partitions}-{uuid.uuid4().hex[:8]}"
-        moto.create_bucket(bucket)
-        config = workdir / "tiered.toml"
-        config.write_text(daemon_config(
-            bucket=bucket, endpoint=moto.endpoint, log_dir=log_dir, cache_dir=workdir / "cache",
-            cluster="cloud_storage_upload_lease_ms = 30000"))
+        config = new_bucket(moto, bucket, workdir, log_dir, "tiered")
         progress(f"{partitions} partitions: archive --once")
         once = archive_once(config)
         progress(f"{partitions} partitions: boto3 baseline")

@@ -6,27 +6,22 @@ on the executor (`spark_jobs.job_context.map_with_store`). The driver side is
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-from array import array
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import crc32c
+import numpy as np
 
 from manifests import keys
 from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
+from spark_jobs.compact_columns import clean_segment, scan_keys
 from spark_jobs.job_context import PartitionRef, job_error
 from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, claim_name, fetch_source
+from spark_jobs.record_columns import ID_BYTES, bucket_of, key_bucket, last_per_key
 from tiered.errors import CorruptSegmentError, TieredError
-from tiered.kafka.compaction import (
-    SegmentCleaning,
-    compact_segment,
-    empty_batch,
-    live_txn_entries,
-    scan_keys,
-)
+from tiered.kafka.compaction import SegmentCleaning, empty_batch, live_txn_entries
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.records import iter_batch_headers
 from tiered.kafka.segment import build_indexes
@@ -36,8 +31,7 @@ from tiered.store.errors import ObjectNotFound
 
 #: event tags of the scan stage (first element of each tuple)
 KEY, TXN_KEY, PRODUCER, SCANNED = "k", "t", "p", "s"
-#: bytes of a key digest (`tiered.kafka.compaction.key_hash`)
-DIGEST = 16
+__all__ = ["key_bucket"]  # the driver buckets transactional keys as the scan does
 
 
 class SegTask(NamedTuple):
@@ -54,12 +48,6 @@ class SegTask(NamedTuple):
     max_timestamp: int
     #: how many key buckets the partition's key map is cut into (`key_bucket`)
     buckets: int = 1
-
-
-def key_bucket(digest: bytes, buckets: int) -> int:
-    """The bucket of the partition's key map a key digest belongs to: each bucket is reduced
-    by one task, so no executor holds more than its share of a partition's keys."""
-    return int.from_bytes(digest[:4], "big") % buckets if buckets > 1 else 0
 
 
 def _fetch(store: ObjectStore, task: SegTask) -> bytes:
@@ -84,8 +72,8 @@ def scan_task(store: ObjectStore, task: SegTask) -> Iterator[tuple[Any, ...]]:
     key (superseded records of a segment never reach the shuffle), one
     `(KEY, pidx, bucket, row, digests, offsets)` row per bucket: the digests concatenated and
     the offsets as a native int64 array, so the shuffle moves a few large values instead of a
-    tuple per key. A corrupt or missing object yields only its `SCANNED` row with the error:
-    the partition is then left alone."""
+    tuple per key (a key's identity: `spark_jobs.record_columns.key_id`). A corrupt or missing
+    object yields only its `SCANNED` row with the error: the partition is then left alone."""
     try:
         data = _fetch(store, task)
         _check_range(task, data)
@@ -94,19 +82,19 @@ def scan_task(store: ObjectStore, task: SegTask) -> Iterator[tuple[Any, ...]]:
         yield (SCANNED, task.pidx, task.row, 0, job_error(exc), 0, 0)
         return
     n = task.buckets
-    digests: list[list[bytes]] = [[] for _ in range(n)]
-    offsets = [array("q") for _ in range(n)]
     if n == 1:
-        digests[0].extend(keys.latest.keys())
-        offsets[0].extend(keys.latest.values())
+        if len(keys.offsets):
+            yield (KEY, task.pidx, 0, task.row, keys.ids.tobytes(), keys.offsets.tobytes())
     else:
-        for digest, offset in keys.latest.items():
-            b = int.from_bytes(digest[:4], "big") % n
-            digests[b].append(digest)
-            offsets[b].append(offset)
-    for b in range(n):
-        if digests[b]:
-            yield (KEY, task.pidx, b, task.row, b"".join(digests[b]), offsets[b].tobytes())
+        of = bucket_of(keys.ids, n)
+        order = np.argsort(of, kind="stable")
+        cuts = np.searchsorted(of[order], np.arange(n + 1))
+        ids, offsets = keys.ids[order], keys.offsets[order]
+        for b in range(n):
+            lo, hi = int(cuts[b]), int(cuts[b + 1])
+            if hi > lo:
+                yield (KEY, task.pidx, b, task.row, ids[lo:hi].tobytes(),
+                       offsets[lo:hi].tobytes())
     for ev in keys.producers:
         yield (PRODUCER, task.pidx, ev.producer_id, ev)
     for last, digest, offset in keys.txn_keys:
@@ -122,40 +110,32 @@ def reduce_bucket(
     the segment that holds it as `((pidx, row), offsets)` (a native int64 array). `items` are
     the segments' packed rows `("k", row, digests, offsets)` and the committed transactional
     keys `("t", digest, offset)`; `bounds` the base offsets of the partition's cleanable
-    segments. Segments are applied in row order, so a later segment's offset of a key replaces
-    an earlier one's without comparing them."""
-    packed: list[tuple[Any, ...]] = []
-    txn: list[tuple[Any, ...]] = []
+    segments. A key's latest record is its highest offset in any of them (one sort of the
+    bucket's identities and offsets, `last_per_key`)."""
+    ids: list[bytes] = []
+    offsets: list[bytes] = []
     for item in items:
-        (packed if item[0] == "k" else txn).append(item)
-    packed.sort(key=lambda it: it[1])
-    best: dict[bytes, int] = {}
-    for _tag, _row, digests, raw in packed:
-        offs = array("q")
-        offs.frombytes(raw)
-        best.update(zip([digests[i:i + DIGEST] for i in range(0, len(digests), DIGEST)], offs,
-                        strict=True))
-    for _tag, digest, offset in txn:
-        if best.get(digest, -1) < offset:
-            best[digest] = offset
-    winners = sorted(best.values())
-    del best
-    for row, lo_offset in enumerate(bounds):
-        lo = bisect.bisect_left(winners, lo_offset)
-        hi = bisect.bisect_left(winners, bounds[row + 1]) if row + 1 < len(bounds) else len(
-            winners)
+        if item[0] == "k":
+            ids.append(item[2])
+            offsets.append(item[3])
+        else:
+            ids.append(item[1])
+            offsets.append(np.int64(item[2]).tobytes())
+    _ids, best = last_per_key(
+        np.frombuffer(b"".join(ids), np.uint8).reshape(-1, ID_BYTES),
+        np.frombuffer(b"".join(offsets), np.int64))
+    winners = np.sort(best)
+    cuts = np.searchsorted(winners, np.asarray(bounds, np.int64))
+    for row in range(len(bounds)):
+        lo = int(cuts[row])
+        hi = int(cuts[row + 1]) if row + 1 < len(bounds) else len(winners)
         if hi > lo:
-            yield (pidx, row), array("q", winners[lo:hi]).tobytes()
+            yield (pidx, row), winners[lo:hi].tobytes()
 
 
-def latest_offsets(parts: Iterable[bytes]) -> set[int]:
-    """The offsets `reduce_bucket` sent one segment, from all buckets, as one set."""
-    out: set[int] = set()
-    for raw in parts:
-        offs = array("q")
-        offs.frombytes(raw)
-        out.update(offs)
-    return out
+def latest_offsets(parts: Iterable[bytes]) -> np.ndarray:
+    """The offsets `reduce_bucket` sent one segment, from all buckets, sorted (int64)."""
+    return np.sort(np.frombuffer(b"".join(parts), np.int64))
 
 
 class CleanOut(NamedTuple):
@@ -176,17 +156,18 @@ class CleanOut(NamedTuple):
 def clean_task(
     store: ObjectStore,
     task: SegTask,
-    latest: Container[int],
+    latest: np.ndarray,
     flags: Iterable[tuple[int, int]],
     *,
     now_ms: int,
     delete_retention_ms: int | None,
 ) -> CleanOut:
     """Stage 3: read the segment again and clean it with the partition-wide verdicts for its
-    records (`latest`: offsets that are the latest of their key) and batches (`flags`)."""
+    records (`latest`: sorted offsets that are the latest of their key) and batches
+    (`flags`)."""
     try:
         data = _fetch(store, task)
-        res: SegmentCleaning = compact_segment(
+        res: SegmentCleaning = clean_segment(
             data, latest=latest, flags=dict(flags), now_ms=now_ms,
             delete_retention_ms=delete_retention_ms, path=task.source.key)
     except TieredError as exc:

@@ -413,7 +413,7 @@ def scan_segment(
     view = memoryview(data)
     for h in iter_batch_headers(data, path=path):
         if h.producer_id >= 0:
-            yield _producer_event(data, h, path)
+            yield producer_event(data, h, path)
         if h.is_control:
             continue
         txn = (h.producer_id, h.last_offset) if h.is_transactional else None
@@ -447,7 +447,7 @@ def scan_keys(data: bytes, *, path: str | None = None) -> SegmentKeys:
     view = memoryview(data)
     for h in iter_batch_headers(data, path=path):
         if h.producer_id >= 0:
-            producers.append(_producer_event(data, h, path))
+            producers.append(producer_event(data, h, path))
         if h.is_control:
             continue
         base = h.base_offset
@@ -462,7 +462,8 @@ def scan_keys(data: bytes, *, path: str | None = None) -> SegmentKeys:
     return SegmentKeys(latest, txn_keys, producers)
 
 
-def _producer_event(data: bytes, h: BatchHeader, path: str | None) -> ProducerEvent:
+def producer_event(data: bytes, h: BatchHeader, path: str | None) -> ProducerEvent:
+    """The batch `h` (which has a producer id) as the transaction pass sees it."""
     if h.is_control:
         batch = decode_batch(data, h.position, path=path)
         kind = {"commit": COMMIT, "abort": ABORT}.get(batch.control_type or "", OTHER_CONTROL)
@@ -521,6 +522,10 @@ class SegmentCleaning:
     live_markers: list[int] = field(default_factory=list)
 
 
+#: cleans one data batch given its bytes, header and transaction flags (`compact_segment`)
+DataBatchCleaner = Callable[[memoryview, BatchHeader, int], CleanedBatch]
+
+
 def compact_segment(
     data: bytes,
     *,
@@ -529,12 +534,14 @@ def compact_segment(
     now_ms: int,
     delete_retention_ms: int | None,
     path: str | None = None,
+    data_batch: DataBatchCleaner | None = None,
 ) -> SegmentCleaning:
     """Clean every batch of one segment. `latest` holds the offsets of the records that are
     the latest of their key across the cleaned range; `flags` the transaction pass's verdicts
     by batch last offset (`transaction_flags`). Data batches are walked once (`skim_records`):
     a batch kept whole is copied, one that loses records is rebuilt from its survivors' bytes;
-    control batches (rare) are decoded."""
+    control batches (rare) are decoded. `data_batch` replaces `clean_data_batch` for data
+    batches (the compaction job's, which walked every record of the segment at once)."""
     out = bytearray()
     res = SegmentCleaning(b"", bytes_in=len(data))
     view = memoryview(data)
@@ -557,6 +564,8 @@ def compact_segment(
                                   now_ms=now_ms, delete_retention_ms=delete_retention_ms)
             if cleaned.data and not f & MARKER_DISCARDABLE:
                 res.live_markers.append(h.last_offset)
+        elif data_batch is not None:
+            cleaned = data_batch(raw, h, f)
         else:
             cleaned = clean_data_batch(raw, h, records_area(view, h), f, latest, now_ms=now_ms,
                                        delete_retention_ms=delete_retention_ms, path=path)
@@ -674,18 +683,27 @@ def splice_batch(
         body.append(data[attr_at])
         body += ts_field
         body += data[rest:end]
+    return retained_batch(h, bytes(body), len(kept), base_ts=base_ts,
+                          max_ts=h.max_timestamp if log_append else max_ts,
+                          delete_horizon_ms=delete_horizon_ms)
+
+
+def retained_batch(h: BatchHeader, body: bytes, count: int, *, base_ts: int, max_ts: int | None,
+                   delete_horizon_ms: int | None) -> bytes:
+    """The batch `h` rebuilt around `count` retained records (`body`, uncompressed): its header
+    as Kafka's `buildRetainedRecordsInto` writes it, the body in the batch's codec, a new
+    CRC-32C. `base_ts` is the new `firstTimestamp`, `max_ts` the new `maxTimestamp`."""
     attributes = (h.attributes & (COMPRESSION_MASK | TIMESTAMP_TYPE_MASK | TRANSACTIONAL_MASK
                                   | CONTROL_MASK))
     if delete_horizon_ms is not None:
         attributes |= DELETE_HORIZON_MASK
     out = bytearray(BATCH_HEADER.size)
-    out += codec_by_id(h.attributes & COMPRESSION_MASK).compress(bytes(body))
+    out += codec_by_id(h.attributes & COMPRESSION_MASK).compress(body)
     try:
         BATCH_HEADER.pack_into(
             out, 0, h.base_offset, len(out) - LOG_OVERHEAD, h.partition_leader_epoch, MAGIC_V2,
-            0, attributes, h.last_offset_delta, base_ts,
-            h.max_timestamp if log_append else max_ts, h.producer_id, h.producer_epoch,
-            h.base_sequence, len(kept),
+            0, attributes, h.last_offset_delta, base_ts, max_ts, h.producer_id,
+            h.producer_epoch, h.base_sequence, count,
         )
     except struct.error as err:
         raise CorruptSegmentError(f"batch at offset {h.base_offset}: a header field is out "

@@ -38,8 +38,9 @@ def segment(seed: int, batches: int, *, headers: float = 0.03,
             codecs: tuple[str, ...] = ("none",), transactions: bool = False) -> bytes:
     """A segment of `batches` batches of 1 to 60 records: short and long keys, null keys,
     tombstones, empty and larger values, timestamp deltas of one to five bytes, both timestamp
-    types, offset gaps (a broker's compaction), a share of records with headers; with `transactions`, batches of
-    two producers in committed, aborted and open transactions with their markers."""
+    types, offset gaps (a broker's compaction), a share of records with headers; with
+    `transactions`, batches of two producers in committed, aborted and open transactions with
+    their markers."""
     rng = random.Random(seed)
     out = bytearray()
     off = 0

@@ -7,7 +7,7 @@ rebuilt record by record (`splice_batch`, copying the survivors' bytes).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,13 +44,14 @@ class PackedKeys:
     producers: list[ProducerEvent]
 
 
-def scan_keys(data: bytes, *, path: str | None = None) -> PackedKeys:
+def scan_keys(data: bytes, *, path: str | None = None,
+              batches: Sequence[BatchHeader] | None = None) -> PackedKeys:
     """The segment's own latest offset per key (a later record of a key supersedes an earlier
     one of the same segment, so only the last reaches the partition-wide map), transactional
-    keys, producer batches."""
+    keys, producer batches. `batches`: the segment's batch headers, when walked already."""
     producers: list[ProducerEvent] = []
     headers: list[BatchHeader] = []
-    for h in iter_batch_headers(data, path=path):
+    for h in iter_batch_headers(data, path=path) if batches is None else batches:
         if h.producer_id >= 0:
             producers.append(producer_event(data, h, path))
         if not h.is_control:
@@ -80,16 +81,19 @@ def clean_segment(
     now_ms: int,
     delete_retention_ms: int | None,
     path: str | None = None,
+    batches: Sequence[BatchHeader] | None = None,
 ) -> SegmentCleaning:
     """`compact_segment` with `latest` the sorted offsets (int64) of the records that are the
     latest of their key: every data batch's records are walked at once, and each record's fate
-    decided by array operations before the batches are written."""
-    headers = [h for h in iter_batch_headers(data, path=path) if not h.is_control]
+    decided by array operations before the batches are written. `batches`: the segment's
+    batch headers, when walked already."""
+    every = list(iter_batch_headers(data, path=path)) if batches is None else batches
+    headers = [h for h in every if not h.is_control]
     cleaner = _ColumnCleaner(record_columns(data, headers, path=path), latest, now_ms,
                              delete_retention_ms)
     return compact_segment(data, latest=(), flags=flags, now_ms=now_ms,
                            delete_retention_ms=delete_retention_ms, path=path,
-                           data_batch=cleaner)
+                           data_batch=cleaner, headers=every)
 
 
 class _ColumnCleaner:

@@ -23,7 +23,7 @@ from spark_jobs.record_columns import ID_BYTES, bucket_of, key_bucket, last_per_
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.compaction import SegmentCleaning, empty_batch, live_txn_entries
 from tiered.kafka.index import NO_TIMESTAMP
-from tiered.kafka.records import iter_batch_headers
+from tiered.kafka.records import BatchHeader, iter_batch_headers
 from tiered.kafka.segment import build_indexes
 from tiered.kafka.txnindex import encode_txnindex, parse_txnindex
 from tiered.store.base import ObjectStore
@@ -51,18 +51,22 @@ class SegTask(NamedTuple):
 
 
 def _fetch(store: ObjectStore, task: SegTask) -> bytes:
-    """The segment's bytes, checked against the manifest (size, CRC-32C, every batch inside
-    the listed offsets; a compacted copy may start later or end earlier than its range)."""
+    """The segment's bytes, checked against the manifest's size and CRC-32C (`_batches`
+    checks its batches)."""
     return fetch_source(store, task.source)
 
 
-def _check_range(task: SegTask, data: bytes) -> None:
+def _batches(task: SegTask, data: bytes) -> list[BatchHeader]:
+    """The segment's batch headers, each batch's CRC checked, every batch inside the
+    manifest's offsets (a compacted copy may start later or end earlier than its range)."""
     src = task.source
-    for h in iter_batch_headers(data, path=src.key):
+    out = list(iter_batch_headers(data, path=src.key))
+    for h in out:
         if h.base_offset < src.base_offset or h.last_offset > src.last_offset:
             raise CorruptSegmentError(
                 f"batch {h.base_offset}..{h.last_offset} lies outside the manifest's "
                 f"{src.base_offset}..{src.last_offset}", path=src.key)
+    return out
 
 
 def scan_task(store: ObjectStore, task: SegTask) -> Iterator[tuple[Any, ...]]:
@@ -76,8 +80,7 @@ def scan_task(store: ObjectStore, task: SegTask) -> Iterator[tuple[Any, ...]]:
     object yields only its `SCANNED` row with the error: the partition is then left alone."""
     try:
         data = _fetch(store, task)
-        _check_range(task, data)
-        keys = scan_keys(data, path=task.source.key)
+        keys = scan_keys(data, path=task.source.key, batches=_batches(task, data))
     except TieredError as exc:
         yield (SCANNED, task.pidx, task.row, 0, job_error(exc), 0, 0)
         return
@@ -169,7 +172,8 @@ def clean_task(
         data = _fetch(store, task)
         res: SegmentCleaning = clean_segment(
             data, latest=latest, flags=dict(flags), now_ms=now_ms,
-            delete_retention_ms=delete_retention_ms, path=task.source.key)
+            delete_retention_ms=delete_retention_ms, path=task.source.key,
+            batches=_batches(task, data))
     except TieredError as exc:
         return CleanOut(task, b"", b"", {}, False, job_error(exc))
     stats = {

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -535,17 +535,19 @@ def compact_segment(
     delete_retention_ms: int | None,
     path: str | None = None,
     data_batch: DataBatchCleaner | None = None,
+    headers: Sequence[BatchHeader] | None = None,
 ) -> SegmentCleaning:
     """Clean every batch of one segment. `latest` holds the offsets of the records that are
     the latest of their key across the cleaned range; `flags` the transaction pass's verdicts
     by batch last offset (`transaction_flags`). Data batches are walked once (`skim_records`):
     a batch kept whole is copied, one that loses records is rebuilt from its survivors' bytes;
     control batches (rare) are decoded. `data_batch` replaces `clean_data_batch` for data
-    batches (the compaction job's, which walked every record of the segment at once)."""
+    batches (the compaction job's, which walked every record of the segment at once);
+    `headers` are the segment's batch headers when the caller has walked them already."""
     out = bytearray()
     res = SegmentCleaning(b"", bytes_in=len(data))
     view = memoryview(data)
-    for h in iter_batch_headers(data, path=path):
+    for h in iter_batch_headers(data, path=path) if headers is None else headers:
         res.batches_in += 1
         res.last_header = h
         f = flags.get(h.last_offset, 0) if flags else 0

@@ -7,12 +7,18 @@ rebuilt record by record (`splice_batch`, copying the survivors' bytes).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from spark_jobs.record_columns import RecordColumns, key_ids, last_per_key, record_columns
+from spark_jobs.record_columns import (
+    ID_BYTES,
+    RecordColumns,
+    key_ids,
+    last_per_key,
+    record_windows,
+)
 from tiered.kafka.compaction import (
     ABORTED,
     LAST_OF_PRODUCER,
@@ -56,20 +62,28 @@ def scan_keys(data: bytes, *, path: str | None = None,
             producers.append(producer_event(data, h, path))
         if not h.is_control:
             headers.append(h)
-    cols = record_columns(data, headers, path=path)
-    txn = np.repeat(np.fromiter((h.is_transactional for h in headers), bool, len(headers)),
-                    cols.counts)
-    keyed = cols.klen >= 0
-    plain = np.nonzero(keyed & ~txn)[0]
-    ids, offsets = last_per_key(key_ids(cols, plain), cols.offset[plain])
+    found_ids: list[np.ndarray] = []
+    found_offsets: list[np.ndarray] = []
     txn_keys: list[tuple[int, bytes, int]] = []
-    in_txn = np.nonzero(keyed & txn)[0]
-    if len(in_txn):
-        batch_last = np.repeat(np.fromiter((h.last_offset for h in headers), np.int64,
-                                           len(headers)), cols.counts)
-        txn_ids = key_ids(cols, in_txn)
-        txn_keys = [(int(last), bytes(kid), int(off)) for last, kid, off in zip(
-            batch_last[in_txn], txn_ids, cols.offset[in_txn], strict=True)]
+    for cols in record_windows(data, headers, path=path):
+        txn = np.repeat(np.fromiter((h.is_transactional for h in cols.headers), bool,
+                                    len(cols.headers)), cols.counts)
+        keyed = cols.klen >= 0
+        plain = np.nonzero(keyed & ~txn)[0]
+        ids, offsets = last_per_key(key_ids(cols, plain), cols.offset[plain])
+        found_ids.append(ids)
+        found_offsets.append(offsets)
+        in_txn = np.nonzero(keyed & txn)[0]
+        if len(in_txn):
+            batch_last = np.repeat(np.fromiter((h.last_offset for h in cols.headers), np.int64,
+                                               len(cols.headers)), cols.counts)
+            txn_keys.extend((int(last), bytes(kid), int(off)) for last, kid, off in zip(
+                batch_last[in_txn], key_ids(cols, in_txn), cols.offset[in_txn], strict=True))
+    if len(found_ids) == 1:
+        return PackedKeys(found_ids[0], found_offsets[0], txn_keys, producers)
+    ids, offsets = last_per_key(
+        np.concatenate(found_ids) if found_ids else np.zeros((0, ID_BYTES), np.uint8),
+        np.concatenate(found_offsets) if found_offsets else np.zeros(0, np.int64))
     return PackedKeys(ids, offsets, txn_keys, producers)
 
 
@@ -89,16 +103,39 @@ def clean_segment(
     batch headers, when walked already."""
     every = list(iter_batch_headers(data, path=path)) if batches is None else batches
     headers = [h for h in every if not h.is_control]
-    cleaner = _ColumnCleaner(record_columns(data, headers, path=path), latest, now_ms,
-                             delete_retention_ms)
+    cleaner = _ColumnCleaner(record_windows(data, headers, path=path), now_ms,
+                             delete_retention_ms, latest)
     return compact_segment(data, latest=(), flags=flags, now_ms=now_ms,
                            delete_retention_ms=delete_retention_ms, path=path,
                            data_batch=cleaner, headers=every)
 
 
 class _ColumnCleaner:
-    """`clean_data_batch` for the data batches of the columns, their per-record verdicts
-    computed for the whole segment up front."""
+    """`clean_data_batch` for the data batches of a segment, asked for in order (transaction
+    markers and undecided batches are skipped over): one window of columns at a time, its
+    records' verdicts computed when the window is reached."""
+
+    def __init__(self, windows: Iterator[RecordColumns], now_ms: int,
+                 delete_retention_ms: int | None, latest: np.ndarray) -> None:
+        self._windows = windows
+        self._window: _Window | None = None
+        self.now_ms = now_ms
+        self.delete_retention_ms = delete_retention_ms
+        self.latest = latest
+
+    def __call__(self, raw: memoryview, h: BatchHeader, flags: int) -> CleanedBatch:
+        w = self._window
+        while w is None or h.position not in w.index:
+            cols = next(self._windows, None)
+            if cols is None:
+                raise RuntimeError(f"batch at offset {h.base_offset} is not in the columns")
+            w = self._window = _Window(cols, self.latest, self.now_ms, self.delete_retention_ms)
+        return w.clean(raw, h, w.index[h.position], flags)
+
+
+class _Window:
+    """One window's records and what becomes of them (`clean_data_batch`'s verdicts, for
+    every batch at once)."""
 
     def __init__(self, cols: RecordColumns, latest: np.ndarray, now_ms: int,
                  delete_retention_ms: int | None) -> None:
@@ -107,7 +144,7 @@ class _ColumnCleaner:
         self.delete_retention_ms = delete_retention_ms
         headers = cols.headers
         #: batch position in the segment -> its batch in the columns
-        self._index = {h.position: i for i, h in enumerate(headers)}
+        self.index = {h.position: i for i, h in enumerate(headers)}
         keyed = cols.klen >= 0
         at = np.searchsorted(latest, cols.offset)
         is_latest = np.zeros(len(at), bool)
@@ -135,8 +172,7 @@ class _ColumnCleaner:
         rebuilt = (self.kept > 0) & ((self.kept < cols.counts) | needs)
         self.spliced = _splice(cols, self.keep, rebuilt, self.horizon, has_horizon | needs)
 
-    def __call__(self, raw: memoryview, h: BatchHeader, flags: int) -> CleanedBatch:
-        i = self._index[h.position]
+    def clean(self, raw: memoryview, h: BatchHeader, i: int, flags: int) -> CleanedBatch:
         cols = self.cols
         decision = batch_retention(h, can_discard=bool(flags & ABORTED),
                                    last_of_producer=bool(flags & LAST_OF_PRODUCER),

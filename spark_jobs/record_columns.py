@@ -26,7 +26,7 @@ Keys get a 16-byte identity for the key map (`key_ids`): a key of up to 15 bytes
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +35,8 @@ from tiered.errors import CorruptSegmentError
 from tiered.kafka.compaction import Skimmed, records_area, skim_records
 from tiered.kafka.records import BATCH_HEADER, COMPRESSION_MASK, BatchHeader
 
+#: records bytes (decompressed) walked at a time (`record_windows`): bounds a task's memory
+WINDOW_BYTES = 32 * 1024 * 1024
 #: a step of the vectorised walk is taken only while this many batches have a record left
 MIN_LANES = 128
 #: zero bytes after the buffer: a read past a batch's end lands there, never out of bounds
@@ -58,8 +60,8 @@ _M64 = (1 << 64) - 1
 @dataclass
 class RecordColumns:
     """Every record of the given data batches, one row each, batches in the order given. Record
-    positions are absolute in `whole`: the segment's bytes, then the records areas of its
-    compressed batches decompressed, then `_PAD` zero bytes."""
+    positions are in `whole`: the segment's bytes from the first batch given to the last, then
+    the records areas of the compressed ones decompressed, then `_PAD` zero bytes."""
 
     whole: bytes
     headers: list[BatchHeader]
@@ -98,26 +100,57 @@ class RecordColumns:
                         self.end[at].tolist(), strict=True))
 
 
+def record_windows(data: bytes, headers: Sequence[BatchHeader], *, path: str | None = None,
+                   window: int | None = None) -> Iterator[RecordColumns]:
+    """The records of the data batches `headers` (from `iter_batch_headers(data)`, control
+    batches left out) as columns, a run of consecutive batches at a time: each window holds
+    about `window` bytes of records (decompressed), so a task's memory does not grow with the
+    segment or its compression ratio (default `WINDOW_BYTES`). CorruptSegmentError as
+    `skim_records` raises it."""
+    limit = WINDOW_BYTES if window is None else window
+    view = memoryview(data)
+    group: list[BatchHeader] = []
+    areas: list[bytes | None] = []
+    size = 0
+    for h in headers:
+        area = records_area(view, h) if h.attributes & COMPRESSION_MASK else None
+        group.append(h)
+        areas.append(area)
+        size += h.size if area is None else len(area)
+        if size >= limit:
+            yield _columns(view, group, areas, group[0].position, path)
+            group, areas, size = [], [], 0
+    if group:
+        yield _columns(view, group, areas, group[0].position, path)
+
+
 def record_columns(data: bytes, headers: Sequence[BatchHeader], *,
                    path: str | None = None) -> RecordColumns:
-    """The records of the data batches `headers` (from `iter_batch_headers(data)`, control
-    batches left out) as columns. CorruptSegmentError as `skim_records` raises it."""
+    """Every record of the data batches `headers` as one `RecordColumns`, positions counted
+    from the start of `data` (`record_windows` with no limit)."""
     view = memoryview(data)
+    areas = [records_area(view, h) if h.attributes & COMPRESSION_MASK else None
+             for h in headers]
+    return _columns(view, headers, areas, 0, path)
+
+
+def _columns(view: memoryview, headers: Sequence[BatchHeader], areas: Sequence[bytes | None],
+             lo: int, path: str | None) -> RecordColumns:
+    """The columns of `headers`, positions counted from byte `lo` of the segment: `whole` is
+    the segment from `lo` to the last batch's end, then the decompressed areas, then padding."""
     nb = len(headers)
+    hi = headers[-1].end_position if headers else lo
     begins = np.empty(nb, np.int64)
     ends = np.empty(nb, np.int64)
-    extra: list[bytes] = []
-    tail = len(data)
-    for i, h in enumerate(headers):
-        if h.attributes & COMPRESSION_MASK:
-            area = records_area(view, h)
+    tail = hi - lo
+    for i, (h, area) in enumerate(zip(headers, areas, strict=True)):
+        if area is not None:
             begins[i], ends[i] = tail, tail + len(area)
-            extra.append(area)
             tail += len(area)
         else:
-            begins[i] = h.position + BATCH_HEADER.size
-            ends[i] = h.end_position
-    whole = b"".join((data, *extra, bytes(_PAD)))
+            begins[i] = h.position + BATCH_HEADER.size - lo
+            ends[i] = h.end_position - lo
+    whole = b"".join((view[lo:hi], *(a for a in areas if a is not None), bytes(_PAD)))
     counts = np.fromiter((h.records_count for h in headers), np.int64, nb)
     last_delta = np.fromiter((h.last_offset_delta for h in headers), np.int64, nb)
     bases = np.fromiter((h.base_offset for h in headers), np.int64, nb)

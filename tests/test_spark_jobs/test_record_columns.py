@@ -167,8 +167,17 @@ def test_damaged_records_are_refused_as_skim_records_refuses_them(damage: str) -
 # -- the key pass and the cleaning pass ------------------------------------------------------------
 
 
+@pytest.fixture(params=[None, 300_000, 20_000], ids=["whole", "windows", "small-windows"])
+def windows(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each segment walked whole, in windows of a few hundred batches (each walked by the
+    vectorised walk) or of a few batches (each walked record by record: `record_windows`)."""
+    if request.param is not None:
+        monkeypatch.setattr(record_columns, "WINDOW_BYTES", request.param)
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_key_pass_finds_the_latest_offsets_record_at_a_time_finds(seed: int) -> None:
+def test_key_pass_finds_the_latest_offsets_record_at_a_time_finds(seed: int,
+                                                                   windows: None) -> None:
     data = segment(seed, MIN_LANES * 2, codecs=("none", "lz4"), transactions=True)
     want = compaction.scan_keys(data)
     got = compact_columns.scan_keys(data)
@@ -246,11 +255,11 @@ def _one_pass(segments: list[bytes], now: int, column: bool
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_cleaning_pass_writes_what_compact_segment_writes(seed: int) -> None:
+def test_cleaning_pass_writes_what_compact_segment_writes(seed: int, windows: None) -> None:
     """Several passes (time moving past the delete horizons) over segments with transactions,
-    tombstones, keyless records, headers and mixed codecs: byte-identical output and the same
-    counts, pass after pass."""
-    segments = [segment(seed * 10 + i, MIN_LANES + 40, codecs=("none", "gzip"),
+    tombstones, keyless records, headers and mixed codecs, walked whole or window by window:
+    byte-identical output and the same counts, pass after pass."""
+    segments = [segment(seed * 10 + i, MIN_LANES * 3, codecs=("none", "gzip"),
                         transactions=True) for i in range(2)]
     now = T0
     for _ in range(3):

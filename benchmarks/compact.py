@@ -132,12 +132,14 @@ def child(args: argparse.Namespace) -> None:
 
     from spark_jobs.compact import run_compact
     from spark_jobs.job_context import JobContext
+    from spark_jobs.session import DAEMON_MODULE
 
     config = make_config(args.endpoint, args.segment_mb * MIB)
     (SparkSession.builder.master(args.master).appName("compact-bench")
      .config("spark.driver.memory", args.executor_memory)
      .config("spark.executor.memory", args.executor_memory)
      .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+     .config("spark.python.daemon.module", DAEMON_MODULE)
      .getOrCreate())
     ctx = JobContext.from_config(config)
     ctx.sc.parallelize(range(4), 2).map(lambda x: x).collect()  # workers up before the clock

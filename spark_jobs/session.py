@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 #: the master when none is given: every core of this machine
 DEFAULT_MASTER = "local[*]"
+#: the Python worker daemon: PySpark's, with the jobs' modules imported before it forks a
+#: worker (spark_jobs/worker_daemon.py)
+DAEMON_MODULE = "spark_jobs.worker_daemon"
 
 
 class SparkUnavailable(TieredError):
@@ -69,6 +72,7 @@ def get_session(
         .config("spark.ui.showConsoleProgress", "false")
         # segment bytes travel as Python objects between tasks: keep batches of them small
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", DAEMON_MODULE)
         .config("spark.sql.shuffle.partitions", "8")
     )
     try:

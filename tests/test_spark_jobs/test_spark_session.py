@@ -21,6 +21,25 @@ def test_workers_run_this_interpreter(spark: Any) -> None:
     assert rdd.map(lambda _: __import__("tiered").__name__).first() == "tiered"
 
 
+def test_workers_are_forked_from_a_daemon_that_imported_the_jobs(spark: Any) -> None:
+    """A fresh worker does not pay for importing boto3, numpy and tiered (a second or two) on
+    its first task: the daemon did, once (spark_jobs/worker_daemon.py)."""
+
+    def forked(_: int) -> tuple[str, bool]:
+        # the worker's parent, and whether the jobs' modules came with the fork (this
+        # function, pickled by value, imports none of them)
+        import os
+        import sys
+
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read().decode().replace("\0", " ")
+        return parent, "spark_jobs.compact_exec" in sys.modules
+
+    seen = spark.sparkContext.parallelize(range(4), 4).map(forked).collect()
+    assert all("-m spark_jobs.worker_daemon" in parent for parent, _ in seen)
+    assert all(loaded for _, loaded in seen)
+
+
 def test_missing_pyspark_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyspark", None)  # makes `import pyspark` fail
     with pytest.raises(SparkUnavailable, match=r"pip install 'tiered\[spark\]'"):

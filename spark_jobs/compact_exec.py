@@ -115,15 +115,15 @@ def reduce_bucket(
     keys `("t", digest, offset)`; `bounds` the base offsets of the partition's cleanable
     segments. A key's latest record is its highest offset in any of them (one sort of the
     bucket's identities and offsets, `last_per_key`)."""
-    ids: list[bytes] = []
-    offsets: list[bytes] = []
+    packed: list[tuple[Any, ...]] = []
+    txn: list[tuple[Any, ...]] = []
     for item in items:
-        if item[0] == "k":
-            ids.append(item[2])
-            offsets.append(item[3])
-        else:
-            ids.append(item[1])
-            offsets.append(np.int64(item[2]).tobytes())
+        (packed if item[0] == "k" else txn).append(item)
+    # segments in row order, each in offset order (`last_per_key`): offsets ascend throughout,
+    # so `last_per_key` need not sort them first (unless transactional keys follow)
+    packed.sort(key=lambda it: it[1])
+    ids = [it[2] for it in packed] + [it[1] for it in txn]
+    offsets = [it[3] for it in packed] + [np.int64(it[2]).tobytes() for it in txn]
     _ids, best = last_per_key(
         np.frombuffer(b"".join(ids), np.uint8).reshape(-1, ID_BYTES),
         np.frombuffer(b"".join(offsets), np.int64))

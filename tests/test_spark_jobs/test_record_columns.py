@@ -273,3 +273,19 @@ def test_cleaning_pass_writes_what_compact_segment_writes(seed: int, windows: No
                 w.batches_dropped, w.horizons_set, w.changed, w.live_markers)
         segments = [w.data for w in want if w.data]
         now += DAY + 1
+
+
+def test_identities_sharing_their_mix_are_still_told_apart() -> None:
+    """Two distinct identities whose 64-bit mix (the sort key) collides, interleaved: each
+    still comes out once with its own highest offset (the exact sort takes over)."""
+    mix, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
+    inverse = pow(mix, -1, 1 << 64)
+    a0, a1, b0 = 11, 22, 33
+    mixed = ((((a0 * mix) & mask) ^ a1) * mix) & mask
+    b1 = ((mixed * inverse) & mask) ^ ((b0 * mix) & mask)
+    a = a0.to_bytes(8, "little") + a1.to_bytes(8, "little")
+    b = b0.to_bytes(8, "little") + b1.to_bytes(8, "little")
+    ids = np.frombuffer(a + b + a + b + a, np.uint8).reshape(-1, 16)
+    assert bucket_of(ids[:2], 1 << 30).tolist()[0] == bucket_of(ids[:2], 1 << 30).tolist()[1]
+    uniq, best = last_per_key(ids, np.array([1, 2, 3, 4, 5], np.int64))
+    assert sorted(zip(best.tolist(), [bytes(u) for u in uniq], strict=True)) == [(4, b), (5, a)]

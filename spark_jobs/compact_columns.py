@@ -256,16 +256,41 @@ def _splice(cols: RecordColumns, keep: np.ndarray, batches: np.ndarray, horizon:
     p0e[moved] = pstart + plen
     p1s[moved] = cols.rest[at]
     p1e[moved] = cols.end[at]
-    src = memoryview(cols.whole + flat)
-    starts = np.stack((p0s, p1s), 1).ravel().tolist()
-    ends = np.stack((p0e, p1e), 1).ravel().tolist()
+    starts = np.stack((p0s, p1s), 1).ravel()
+    sizes_out = np.stack((p0e - p0s, p1e - p1s), 1).ravel()
+    # every body, back to back, gathered by numpy a few MiB at a time; then cut per batch
+    bodies = memoryview(_gather(np.frombuffer(cols.whole + flat, np.uint8), starts, sizes_out))
+    ends = np.cumsum(sizes_out)
+    cut = ends[2 * np.append(first[1:], len(rows)) - 1].tolist()
     out: dict[int, tuple[bytes, int, int]] = {}
-    cut = (2 * np.append(first, len(rows))).tolist()
+    lo = 0
     for g, batch in enumerate(group.tolist()):
-        lo, hi = cut[g], cut[g + 1]
-        body = b"".join([src[s:e] for s, e in zip(starts[lo:hi], ends[lo:hi], strict=True)])
-        out[batch] = (body, int(base_g[g]), int(max_g[g]))
+        out[batch] = (bytes(bodies[lo:cut[g]]), int(base_g[g]), int(max_g[g]))
+        lo = cut[g]
     return out
+
+
+#: output bytes one numpy gather assembles at a time (its index array is 8 bytes a byte)
+_GATHER_BYTES = 4 * 1024 * 1024
+
+
+def _gather(src: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> bytes:
+    """The pieces `src[starts[i]:starts[i] + sizes[i]]`, concatenated in order."""
+    total = int(sizes.sum())
+    out = bytearray(total)
+    view = np.frombuffer(out, np.uint8)
+    ends = np.cumsum(sizes)
+    lo = done = 0
+    while lo < len(sizes):
+        hi = max(lo + 1, int(np.searchsorted(ends, done + _GATHER_BYTES, side="right")))
+        n = sizes[lo:hi]
+        chunk = int(n.sum())
+        # each output byte's source: its piece's start, plus how far into the piece it is
+        index = np.repeat(starts[lo:hi] - (ends[lo:hi] - n), n) + np.arange(done, done + chunk)
+        view[done:done + chunk] = src[index]
+        done += chunk
+        lo = hi
+    return bytes(out)
 
 
 def _varints(values: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.compaction import SegmentCleaning, empty_batch, live_txn_entries
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.records import BatchHeader, iter_batch_headers
-from tiered.kafka.segment import build_indexes
+from tiered.kafka.segment import indexes_of
 from tiered.kafka.txnindex import encode_txnindex, parse_txnindex
 from tiered.store.base import ObjectStore
 from tiered.store.errors import ObjectNotFound
@@ -210,9 +210,9 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
         data = b"".join(c.data for c in outs)
         if not data:  # every record of the range went: one empty batch keeps its last offset
             data = outs[-1].empty
-        headers = list(iter_batch_headers(data))
-        index, timeindex = build_indexes(data, base_offset=run.base_offset,
-                                         index_interval_bytes=run.index_interval_bytes)
+        headers = list(iter_batch_headers(data))  # every batch's CRC checked, once
+        index, timeindex = indexes_of(headers, base_offset=run.base_offset,
+                                      index_interval_bytes=run.index_interval_bytes)
         name, key = claim_name(store, run, data)
         uploaded.append(key)
         uploaded_at_ms = store_time_ms(store.head(key).last_modified)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiered.errors import CorruptSegmentError
-from tiered.kafka.compaction import Skimmed, records_area, skim_records
+from tiered.kafka.compaction import records_area, skim_records
 from tiered.kafka.records import BATCH_HEADER, COMPRESSION_MASK, BatchHeader
 
 #: records bytes (decompressed) walked at a time (`record_windows`): bounds a task's memory
@@ -88,16 +88,6 @@ class RecordColumns:
         """The sum of `values` (one per record) over each batch's records."""
         sums = np.concatenate(([0], np.cumsum(values, dtype=np.int64)))
         return sums[self.first_row[1:]] - sums[self.first_row[:-1]]
-
-    def kept(self, batch: int, rows: np.ndarray) -> list[Skimmed]:
-        """The records `rows` (indexes within the batch) of batch `batch` as `skim_records`
-        tuples, positions in `whole`, for `splice_batch`."""
-        at = self.first_row[batch] + rows
-        base = self.headers[batch].base_offset
-        return list(zip((self.offset[at] - base).tolist(), self.ts_delta[at].tolist(),
-                        [None] * len(at), self.vnull[at].tolist(), self.start[at].tolist(),
-                        self.attr_at[at].tolist(), self.rest[at].tolist(),
-                        self.end[at].tolist(), strict=True))
 
 
 def record_windows(data: bytes, headers: Sequence[BatchHeader], *, path: str | None = None,

@@ -433,7 +433,9 @@ def _clean(
         joined = joined.union(rdd)
     cleaned = (joined.groupByKey(parts)
                .mapPartitions(partial(_clean_partition, settings, now_ms, retention, acc)))
-    cleaned.persist(StorageLevel.MEMORY_AND_DISK)
+    # on disk only: with few records superseded the cleaned bytes are nearly the input, and
+    # held in the block manager's memory they ran a 1 GiB JVM out of heap (docs/compaction.md)
+    cleaned.persist(StorageLevel.DISK_ONLY)
     cleaned.count()  # run stages 2 and 3 while the scan is still persisted
     if flags is not None:
         flags.unpersist()

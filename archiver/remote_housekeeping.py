@@ -104,8 +104,16 @@ class RemoteHousekeeper:
             self._stats.remote_deleted_objects_total += report.deleted_remote_objects
         return report
 
-    def partition(self, state: PartitionState) -> tuple[PartitionReport | None, int]:
-        """The partition's housekeeping row (None: not housekept) and objects it deleted."""
+    def partition(self, state: PartitionState, *, committed: str | None = None
+                  ) -> tuple[PartitionReport | None, int]:
+        """The partition's housekeeping row (None: not housekept) and objects it deleted.
+
+        `committed`: the head version (ETag) the caller's upload round committed just now
+        (`Archiver.run_once` housekeeps each partition right after its round). A quiet
+        partition still at that version needs no HEAD: the commit's compare-and-swap proved
+        the bucket held it a moment ago, as the HEAD would, and the quiet path deletes
+        nothing. A head lost after that is found by the next pass, as one lost after the
+        HEAD would be (docs/operations.md, "Sizing")."""
         tp = state.tp
         row = PartitionReport(tp.topic, tp.partition, decision="housekept")
         with state.lock:
@@ -125,8 +133,12 @@ class RemoteHousekeeper:
                 # from the bucket as it is now, never the cursor's copy: another writer (a
                 # merge, a second daemon) may have committed since the cursor last looked;
                 # a quiet partition's copy is only proven unchanged (one HEAD)
+                unchanged = self.quiet(state, limits, now)
+                if (unchanged is not None and committed is not None
+                        and unchanged[1] == committed):
+                    return row, 0
                 out = self.gc.housekeep(state.target(), term=state.term, limits=limits,
-                                        now_ms=now, unchanged=self.quiet(state, limits, now))
+                                        now_ms=now, unchanged=unchanged)
                 if out.quiet:
                     return row, 0
             except StaleTerm as err:

@@ -469,7 +469,12 @@ class Archiver:
 
             def after(first: bool, state: PartitionState, row: PartitionReport) -> None:
                 if first or row.uploaded_segments:
-                    housekept[state.tp] = pool.submit(self.housekeeper.partition, state)
+                    # the version this round committed, if it committed: its compare-and-swap
+                    # is the proof a HEAD would give (`RemoteHousekeeper.partition`)
+                    committed = (state.cursor.etag if row.uploaded_segments and row.error is None
+                                 else None)
+                    housekept[state.tp] = pool.submit(self.housekeeper.partition, state,
+                                                      committed=committed)
 
             report = last = self.upload_round(functools.partial(after, True))
             while any(p.uploaded_segments for p in last.partitions) and not self.stopping():

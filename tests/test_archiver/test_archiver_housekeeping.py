@@ -247,15 +247,17 @@ def test_a_pass_housekeeps_a_partition_while_others_still_upload(
         if "/orders/1_" in key and key.endswith(".log") and claim.acquire(blocking=False):
             waited.append(housekept_0.wait(10))  # one upload held until orders/0 is housekept
 
-    housekeep = archiver.gc.housekeep
+    housekeep = archiver.housekeeper.partition
 
-    def watched(target: Any, *args: Any, **kwargs: Any) -> Any:
-        if target.partition == 0:
-            housekept_0.set()
-        return housekeep(target, *args, **kwargs)
+    def watched(state: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return housekeep(state, *args, **kwargs)
+        finally:
+            if state.tp.partition == 0:
+                housekept_0.set()
 
     before_put_file(monkeypatch, file_store, hold)
-    monkeypatch.setattr(archiver.gc, "housekeep", watched)
+    monkeypatch.setattr(archiver.housekeeper, "partition", watched)
     report = archiver.run_once()
     assert report.ok
     assert waited == [True]  # ended by orders/0's housekeeping, not by the timeout
@@ -272,14 +274,14 @@ def test_a_partition_uploading_over_several_rounds_is_housekept_after_the_last(
     archiver.upload_params = dataclasses.replace(archiver.upload_params,
                                                  max_candidates_per_round=1)
     seen: list[int] = []
-    housekeep = archiver.gc.housekeep
+    housekeep = archiver.housekeeper.partition
 
-    def watched(target: Any, *args: Any, **kwargs: Any) -> Any:
-        out = housekeep(target, *args, **kwargs)
-        seen.append(out.manifest.last_offset)
+    def watched(state: Any, *args: Any, **kwargs: Any) -> Any:
+        out = housekeep(state, *args, **kwargs)
+        seen.append(state.cursor.manifest.last_offset)
         return out
 
-    monkeypatch.setattr(archiver.gc, "housekeep", watched)
+    monkeypatch.setattr(archiver.housekeeper, "partition", watched)
     report = archiver.run_once()
     segments = len(closed_segments(log_dir, "orders", 0))
     assert segments > 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.archiving import Clock, Disk, drain, make_config, revision, write_partition
@@ -104,6 +105,41 @@ def test_a_deleted_head_is_restored_from_its_copy_exactly(tmp_path: Path,
     assert after.evolve(sequence=before.sequence) == before  # the same history, cutoff, start
     assert data_objects(s3_store, rev) >= objects  # nothing was collected
     assert archiver.snapshot().heads_restored_total == 1
+
+
+def test_a_head_deleted_right_after_a_one_shot_commit_is_restored_by_the_next_pass(
+        tmp_path: Path, s3_store: ObjectStore) -> None:
+    """`run_once` housekeeps a partition right after its round's commit without a HEAD (the
+    commit proved the version): a head deleted in between is not seen by that pass, which
+    then deletes nothing, and the next pass restores it from its copy."""
+    archiver, clock, log_dir, rev = archived(tmp_path, s3_store)
+    mstore = ManifestStore(s3_store)
+    write_partition(log_dir, "orders", 0, batches=6, segment_bytes=3000,
+                    timestamp_ms=int(time.time() * 1000))
+    archiver.scan()
+    partition = archiver.housekeeper.partition
+    deleted: list[str] = []
+
+    def racer(state: Any, **kwargs: Any) -> Any:
+        m, _ = mstore.load("orders", 0, rev)
+        if kwargs.get("committed") is not None and not deleted:
+            s3_store.delete_many([m.key])  # lost between the commit and its housekeeping
+            deleted.append(m.key)
+        return partition(state, **kwargs)
+
+    archiver.housekeeper.partition = racer  # type: ignore[method-assign]
+    before_objects = data_objects(s3_store, rev)
+    report = archiver.run_once()
+    assert report.ok, report.errors
+    assert deleted, "no round committed"
+    assert mstore.load("orders", 0, rev)[1] is None  # not seen by this pass
+    assert data_objects(s3_store, rev) >= before_objects  # and nothing collected
+    archiver.housekeeper.partition = partition  # type: ignore[method-assign]
+    clock.now = time.time()
+    archiver.run_once()
+    after, etag = mstore.load("orders", 0, rev)
+    assert etag is not None and archiver.snapshot().heads_restored_total == 1
+    assert after.segments and data_objects(s3_store, rev) >= before_objects
 
 
 def test_a_lost_head_without_copies_stops_the_partition_and_loses_nothing(

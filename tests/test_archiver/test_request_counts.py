@@ -156,7 +156,7 @@ def test_a_restart_reads_each_lease_and_head_once_and_writes_nothing(tmp_path: P
     assert per_partition(store.take()) == {("get", "lease"): 1, ("get", "head"): 1}
 
 
-def test_a_one_shot_pass_housekeeps_the_heads_it_created_with_one_head_each(
+def test_a_one_shot_pass_housekeeps_the_heads_it_just_committed_without_a_request(
         tmp_path: Path) -> None:
     config, store = setup(tmp_path)
     archiver = Archiver(config, store, disk_usage=Disk())
@@ -166,10 +166,16 @@ def test_a_one_shot_pass_housekeeps_the_heads_it_created_with_one_head_each(
     report = archiver.run_once()
     assert report.ok, report.errors
     seen = per_partition(store.take())
-    # the listing made before creating each head found nothing else there: housekeeping
-    # needs no listing or read of its own, only the HEAD that finds a head lost since
-    assert seen[("list", "partition")] == 1 and seen[("head", "head")] == 1
-    assert ("get", "head") not in seen
+    # the listing made before creating each head found nothing else there, and each head's
+    # housekeeping comes right after the commit that wrote it: the commit's compare-and-swap
+    # proved the version, so no listing, read or HEAD of its own
+    assert seen[("list", "partition")] == 1
+    assert ("head", "head") not in seen and ("get", "head") not in seen
+    # a pass that commits nothing proves the head it holds with one HEAD, as before
+    report = archiver.run_once()
+    assert report.ok, report.errors
+    assert not any(p.uploaded_segments for p in report.partitions)
+    assert per_partition(store.take()) == {("head", "head"): 1}
 
 
 def test_a_restarted_daemon_spreads_the_first_full_passes_over_a_grace_period(

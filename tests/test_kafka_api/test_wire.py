@@ -1,6 +1,6 @@
-"""Framing: a Fetch answer with its record bytes spliced in after kio encoded the rest is byte
-for byte what kio encodes with the records in place (legacy and flexible versions, lengths of
-every varint size); requests parse as kio wrote them or are refused as malformed; `build` makes
+"""Framing: a Fetch answer encoded by hand, its record bytes where they lie, is byte for byte
+what kio encodes with the records in place (every version served, lengths of every varint
+size); requests parse as kio wrote them or are refused as malformed; `build` makes
 any version of a message from one set of fields."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import io
 import os
+import random
 import struct
 import uuid
 from typing import Any
@@ -18,51 +19,75 @@ from kio.serial import entity_writer
 
 from cache.fetched_bytes import FilePiece, Pieces
 from tiered.app.kafka_api.catalog import topic_id_of
+from tiered.app.kafka_api.fetch_response import (
+    PartitionAnswer,
+    TopicAnswer,
+    encode_fetch_response,
+)
 from tiered.app.kafka_api.messages import build, nested, request_class, response_class
-from tiered.app.kafka_api.wire import MalformedRequest, Reply, new_marker, parse_request
+from tiered.app.kafka_api.wire import MalformedRequest, Reply, parse_request
 from tiered.kafka.checkpoints import topic_id_to_str
 
 
-def _fetch_response(version: int, records: list[bytes]) -> Any:
+def _kio_fetch_response(version: int, topics: list[TopicAnswer], records: dict[int, bytes],
+                        error_code: ErrorCode) -> Any:
+    """The same answer as kio's entities (records as bytes, by partition index)."""
     cls = response_class(1, version)
-    parts = tuple(build(nested(cls, "PartitionData"), partition_index=i,
-                        error_code=ErrorCode.none, high_watermark=100, records=r)
-                  for i, r in enumerate(records))
-    ident = {"topic_id": uuid.UUID(int=7)} if version >= 13 else {"topic": "t"}
-    return build(cls, throttle_time=datetime.timedelta(0), responses=(
-        build(nested(cls, "FetchableTopicResponse"), partitions=parts, **ident),))
+    entries = []
+    for t in topics:
+        parts = tuple(build(
+            nested(cls, "PartitionData"), partition_index=p.index,
+            error_code=ErrorCode(p.error_code), high_watermark=p.high_watermark,
+            last_stable_offset=p.high_watermark, log_start_offset=p.log_start_offset,
+            aborted_transactions=None if p.aborted is None else tuple(
+                build(nested(cls, "AbortedTransaction"), producer_id=pid, first_offset=first)
+                for pid, first in p.aborted),
+            preferred_read_replica=-1, records=records.get(p.index, b""))
+            for p in t.partitions)
+        ident = {"topic_id": t.topic_id} if version >= 13 else {"topic": t.name}
+        entries.append(build(nested(cls, "FetchableTopicResponse"), partitions=parts, **ident))
+    return build(cls, throttle_time=datetime.timedelta(0), error_code=error_code, session_id=0,
+                 responses=tuple(entries))
 
 
-@pytest.mark.parametrize("version", [4, 11, 12, 13, 16])
-def test_spliced_fetch_answers_equal_kios_encoding(version: int, tmp_path: Any) -> None:
-    records = [os.urandom(n) for n in (0, 5, 200, 20_000, 70_000)]
+@pytest.mark.parametrize("version", range(4, 19))
+def test_fetch_answers_equal_kios_encoding(version: int, tmp_path: Any) -> None:
+    """Every version, names and ids, nulls and empties, record lengths of every varint size,
+    chunk-file ranges among the record pieces: the hand encoding is kio's, byte for byte."""
+    rng = random.Random(version)
+    sizes = (0, 5, 200, 20_000, 70_000, 2_100_000)
+    records = {i: rng.randbytes(n) for i, n in enumerate(sizes)}
     data_file = tmp_path / "chunk"
     data_file.write_bytes(b"xx" + records[4] + b"yy")
     fd = os.open(data_file, os.O_RDONLY)
-    markers: dict[bytes, Pieces] = {}
-    with_markers = []
-    for i, r in enumerate(records):
-        if not r:
-            with_markers.append(b"")
-            continue
-        pieces = Pieces()
-        if i == 4:  # a range of an open file, as a chunk of the read cache
-            pieces.add(FilePiece(fd, 2, len(r)))
-        else:
-            pieces.add(r[:3])
-            pieces.add(r[3:])
-        marker = new_marker()
-        markers[marker] = pieces
-        with_markers.append(marker)
-    flexible = version >= 12
-    reply = Reply.spliced(9, _fetch_response(version, with_markers), markers, flexible)
-    whole = Reply.of(9, _fetch_response(version, records))
+    answers = []
+    for i, r in records.items():
+        pieces = None
+        if r:
+            pieces = Pieces()
+            if i == 4:  # a range of an open file, as a chunk of the read cache
+                pieces.add(FilePiece(fd, 2, len(r)))
+            else:
+                pieces.add(r[:3])
+                pieces.add(r[3:])
+        aborted = (None, (), ((7, 100), (-1, 2**40)))[i % 3]
+        answers.append(PartitionAnswer(i, (0, 1, 6)[i % 3], 10**i, i - 1, aborted, pieces))
+    topics = [TopicAnswer("orders", uuid.UUID(int=7), answers[:4]),
+              TopicAnswer("ü" * 70, uuid.UUID(int=8), answers[4:]),
+              TopicAnswer("e", uuid.UUID(int=9), [])]
     try:
-        sent = b"".join(p.read() if isinstance(p, Pieces) else p for p in reply.parts)
-        assert sent == whole.parts[0]
-        assert reply.size == len(sent)
+        for error in (ErrorCode.none, ErrorCode.fetch_session_id_not_found):
+            for chosen in (topics, []):
+                parts = encode_fetch_response(version, 9, chosen, error_code=error.value)
+                sent = b"".join(p.read() if isinstance(p, Pieces) else p for p in parts)
+                expected = Reply.of(9, _kio_fetch_response(
+                    version, chosen, records, error)).parts[0]
+                if version < 7:  # no top-level error code before v7
+                    expected = Reply.of(9, _kio_fetch_response(
+                        version, chosen, records, ErrorCode.none)).parts[0]
+                assert sent == expected
+                assert Reply(parts).size == len(sent)
     finally:
-        reply.close()
         os.close(fd)
 
 

@@ -47,12 +47,16 @@ from cache.fetched_bytes import FilePiece, Pieces
 from cache.reader import FetchedPieces, InvalidRequest, UnknownPartition
 from manifests.security import Operation
 from tiered.app.kafka_api.context import Connection, FetchLimits, Services, error_code_of
-from tiered.app.kafka_api.messages import build, nested, request_class, response_class
+from tiered.app.kafka_api.fetch_response import (
+    FIRST_TOPIC_ID,
+    PartitionAnswer,
+    TopicAnswer,
+    encode_fetch_response,
+)
+from tiered.app.kafka_api.messages import build, nested, request_class
 from tiered.app.kafka_api.wire import (
     Reply,
     Request,
-    encode_response,
-    new_marker,
     parse_request,
 )
 from tiered.errors import CorruptSegmentError, OffsetOutOfRange, TieredError
@@ -111,11 +115,9 @@ class _Partition:
 
 def handle_fetch(svc: Services, conn: Connection, req: Request) -> Reply:
     body, v = req.body, req.api_version
-    cls = response_class(FETCH, v)
     if getattr(body, "session_id", 0) != 0 or getattr(body, "session_epoch", -1) > 0:
-        return Reply.of(req.correlation_id, build(
-            cls, throttle_time=datetime.timedelta(0),
-            error_code=ErrorCode.fetch_session_id_not_found, session_id=0, responses=()))
+        return Reply(encode_fetch_response(
+            v, req.correlation_id, (), error_code=ErrorCode.fetch_session_id_not_found.value))
     limits = svc.fetch_limits
     answer = _distinct(svc, body, v)
     _bound(conn, answer, limits.max_partitions)
@@ -130,16 +132,16 @@ def handle_fetch(svc: Services, conn: Connection, req: Request) -> Reply:
                 break
             _close(answer)  # nothing worth sending yet: wait at the log end and read again
             svc.stopping.wait(min(POLL_S, max(0.0, deadline - svc.clock())))
-        return _reply(req, cls, answer)
+        return _reply(req, answer)
     except BaseException:
         _close(answer)
         raise
 
 
 def warm_up(versions: Iterable[int]) -> None:
-    """Load what answering a Fetch of each of `versions` takes, by parsing a request and
-    encoding an answer of each: kio's generated classes of every Fetch version are imported
-    on first use, and their readers, writers and frame checks built then, a fifth of a
+    """Load what reading a Fetch request of each of `versions` takes, by parsing one of each
+    (answers are encoded by hand, `fetch_response`): kio's generated classes of every Fetch
+    version are imported on first use, and their readers and frame checks built then, a fifth of a
     second of interpreter (docs/performance.md, `kafka_read.py`). The server runs this on a
     thread of its own when it starts, so a consumer's first Fetch does not pay for it."""
     for v in versions:
@@ -156,14 +158,6 @@ def warm_up(versions: Iterable[int]) -> None:
             req_cls, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=1,
             max_bytes=1, session_epoch=-1, topics=(topic,)))
         parse_request(frame.getvalue())
-        cls = response_class(FETCH, v)
-        part = build(nested(cls, "PartitionData"), partition_index=0, error_code=ErrorCode.none,
-                     high_watermark=-1, last_stable_offset=-1, log_start_offset=-1,
-                     aborted_transactions=(), preferred_read_replica=-1, records=b"")
-        encode_response(0, build(
-            cls, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=0,
-            responses=(build(nested(cls, "FetchableTopicResponse"), topic="t",
-                             partitions=(part,)),)))
 
 
 def warm_up_in_background(versions: Iterable[int]) -> threading.Thread:
@@ -360,42 +354,34 @@ def _file_any_transactional(part: FilePiece) -> bool:
     return False
 
 
-def _reply(req: Request, cls: type[Any], answer: list[_Partition]) -> Reply:
+def _reply(req: Request, answer: list[_Partition]) -> Reply:
     """The answer: one entry per distinct partition, consecutive partitions of one topic
-    under one topic entry (as Kafka's FetchResponse groups them)."""
-    v = req.api_version
-    topic_cls = nested(cls, "FetchableTopicResponse")
-    part_cls = nested(cls, "PartitionData")
-    aborted_cls = nested(cls, "AbortedTransaction")
-    records: dict[bytes, Pieces] = {}
-    groups: list[tuple[_Partition, list[Any]]] = []
+    under one topic entry (as Kafka's FetchResponse groups them), encoded by hand
+    (`fetch_response`: it is on a catching-up consumer's critical path)."""
+    topics: list[TopicAnswer] = []
+    run: list[PartitionAnswer] = []
+    head: _Partition | None = None
     for out in answer:
-        data: bytes = b""
-        if out.pieces is not None and out.pieces.size:
-            data = new_marker()
-            records[data] = out.pieces
-        aborted = None if out.aborted is None else tuple(
-            build(aborted_cls, producer_id=pid, first_offset=first)
-            for pid, first in out.aborted)
-        entry = build(
-            part_cls, partition_index=out.index, error_code=out.error,
-            high_watermark=out.high_watermark, last_stable_offset=out.high_watermark,
-            log_start_offset=out.log_start_offset, aborted_transactions=aborted,
-            preferred_read_replica=-1, records=data)
-        if not groups or groups[-1][0].topic_key != out.topic_key:
-            groups.append((out, []))
-        groups[-1][1].append(entry)
-    topics = tuple(
-        build(topic_cls, partitions=tuple(entries),
-              **({"topic_id": head.topic.topic_id} if v >= 13 else {"topic": head.name}))
-        for head, entries in groups)
-    entity = build(cls, throttle_time=datetime.timedelta(0), error_code=ErrorCode.none,
-                   session_id=0, responses=topics)
-    reply = Reply.spliced(req.correlation_id, entity, records, req.flexible)
+        if head is None or head.topic_key != out.topic_key:
+            if head is not None:
+                topics.append(_topic(req.api_version, head, run))
+            head, run = out, []
+        run.append(PartitionAnswer(
+            out.index, out.error.value, out.high_watermark, out.log_start_offset, out.aborted,
+            out.pieces if out.pieces is not None and out.pieces.size else None))
+    if head is not None:
+        topics.append(_topic(req.api_version, head, run))
+    reply = Reply(encode_fetch_response(req.api_version, req.correlation_id, topics))
     for out in answer:  # empty pieces the reply does not carry
         if out.pieces is not None and not out.pieces.size:
             out.pieces.close()
     return reply
+
+
+def _topic(version: int, head: _Partition, partitions: list[PartitionAnswer]) -> TopicAnswer:
+    if version >= FIRST_TOPIC_ID:
+        return TopicAnswer(None, head.topic.topic_id, partitions)
+    return TopicAnswer(head.name, None, partitions)
 
 
 def _close(answer: list[_Partition]) -> None:

@@ -6,21 +6,17 @@
     Response => Size => Int32, ResponseHeader (v0: correlation_id; v1 adds tagged fields),
                 then the response body
 
-Every response is encoded by kio except the record bytes of a Fetch response: those stay where
-they lie (chunk files of the read cache, local segment reads) and go to the socket with
-`sendfile` after the bytes kio encoded before them. kio encodes the response with a 16-byte
-random marker in place of each partition's records; `Reply.spliced` cuts the encoding at each
-marker and puts the real length and the pieces there (Kafka's `records` field is a length,
-Int32 or an unsigned varint of length + 1 in flexible versions, followed by the bytes).
+Every response is encoded by kio except Fetch's (`fetch_response`, by hand: it is on a
+consumer's critical path), whose record bytes stay where they lie (chunk files of the read
+cache, local segment reads) and go to the socket after the bytes encoded before them
+(`Reply` holds both, in order).
 """
 
 from __future__ import annotations
 
 import io
-import os
 import socket
 import struct
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +39,6 @@ __all__ = [
 FRAME_SIZE = struct.Struct(">i")
 #: api_key, api_version, correlation_id: the start of every request header version
 HEADER_PREFIX = struct.Struct(">hhi")
-MARKER_BYTES = 16
 _INT32 = struct.Struct(">i")
 
 
@@ -110,11 +105,6 @@ def encode_response(correlation_id: int, entity: Any) -> bytes:
     return FRAME_SIZE.pack(len(body)) + body
 
 
-def new_marker() -> bytes:
-    """A placeholder for one partition's records in an entity to encode (`Reply.spliced`)."""
-    return os.urandom(MARKER_BYTES)
-
-
 @dataclass
 class Reply:
     """A response ready to send: bytes kio encoded and record pieces, in order. Owns the
@@ -125,37 +115,6 @@ class Reply:
     @classmethod
     def of(cls, correlation_id: int, entity: Any) -> Reply:
         return cls([encode_response(correlation_id, entity)])
-
-    @classmethod
-    def spliced(cls, correlation_id: int, entity: Any, records: Mapping[bytes, Pieces],
-                flexible: bool) -> Reply:
-        """The response `entity` whose records fields hold the markers of `records`, with each
-        marker replaced by its pieces (and their real length)."""
-        data = _encode(correlation_id, entity)
-        placeholder = (bytes([MARKER_BYTES + 1]) if flexible
-                       else _INT32.pack(MARKER_BYTES))
-        found = []
-        for marker, pieces in records.items():
-            at = data.find(marker)
-            start = at - len(placeholder)
-            if at < 0 or data[start:at] != placeholder:
-                raise ValueError("a records marker is missing from the encoded response")
-            found.append((start, at + MARKER_BYTES, pieces))
-        found.sort(key=lambda item: item[0])
-        parts: list[bytes | Pieces] = []
-        pos = 0
-        size = len(data) - MARKER_BYTES * len(found)
-        for start, end, pieces in found:
-            length = (_uvarint(pieces.size + 1) if flexible else _INT32.pack(pieces.size))
-            size += len(length) - len(placeholder) + pieces.size
-            parts.append(data[pos:start] + length)
-            parts.append(pieces)
-            pos = end
-        parts.append(data[pos:])
-        head = parts[0]
-        assert isinstance(head, bytes)  # noqa: S101 - the loop starts with bytes
-        parts[0] = FRAME_SIZE.pack(size) + head
-        return cls(parts)
 
     @property
     def size(self) -> int:
@@ -182,12 +141,3 @@ class Reply:
         for part in self.parts:
             if isinstance(part, Pieces):
                 part.close()
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)

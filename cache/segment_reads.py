@@ -25,11 +25,12 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 import crc32c
 
@@ -46,6 +47,7 @@ from tiered.kafka.index import OffsetIndex, TimeIndex
 from tiered.kafka.local_log import PartitionLog
 from tiered.kafka.records import (
     BATCH_HEADER,
+    LOG_OVERHEAD,
     MAGIC_V2,
     MIN_BATCH_LENGTH,
     BatchHeader,
@@ -124,8 +126,22 @@ class Span:
     exhausted: bool
 
 
+class BatchSpan(NamedTuple):
+    """What choosing batches needs of one (`take_batches`; a `BatchHeader` has the same)."""
+
+    position: int
+    last_offset: int
+    end_position: int
+
+
+#: base_offset, batch_length, magic, last_offset_delta: the fields of a batch header
+#: `ChunkFiles.spans` reads (epoch, CRC and attributes skipped)
+_SPAN = struct.Struct(">qi4xb6xi")
+
+
 def take_batches(
-    headers: Iterable[BatchHeader], offset: int, budget: int, first: bool, limit: int | None
+    headers: Iterable[BatchSpan | BatchHeader], offset: int, budget: int, first: bool,
+    limit: int | None
 ) -> Span:
     """Choose batches from a header walk: skip those ending before `offset`, then take whole
     batches while they fit `budget` bytes (the very first of the fetch regardless, when
@@ -151,7 +167,7 @@ def take_batches(
         if limit is not None and h.last_offset >= limit:
             return Span(begin, end, next_offset, False)
         taken = 0 if begin is None else end - begin
-        if taken + h.size > budget and not (first and begin is None):
+        if taken + h.end_position - h.position > budget and not (first and begin is None):
             return Span(begin, end, next_offset, False)
         if begin is None:
             begin = h.position
@@ -312,10 +328,14 @@ class ChunkFiles:
         self.files.append(f)
         return f
 
-    def headers(self, pos: int, offset: int) -> Iterator[BatchHeader]:
-        """Batch headers from byte `pos` (a batch boundary) to the end, positions absolute."""
+    def spans(self, pos: int) -> Iterator[BatchSpan]:
+        """From byte `pos` (a batch boundary) to the segment's end, what choosing batches
+        needs of each (`take_batches`): where it starts, its last offset and where it ends,
+        positions absolute; the magic and length checked. One 27-byte unpack per batch, not
+        the whole 61-byte header: a consumer's every fetch walks these."""
         size, where = self.size, self.where
         begin, end, mapping = 0, 0, None
+        unpack = _SPAN.unpack_from
         while pos < size:
             if size - pos < BATCH_HEADER.size:
                 raise CorruptSegmentError(
@@ -330,13 +350,14 @@ class ChunkFiles:
                 if end - pos < BATCH_HEADER.size:
                     raise CorruptSegmentError("cached chunk is shorter than the segment",
                                               path=where, position=pos)
-            h = BatchHeader(pos, *BATCH_HEADER.unpack_from(mapping, pos - begin))
-            if h.magic != MAGIC_V2 or h.batch_length < MIN_BATCH_LENGTH or h.end_position > size:
+            base_offset, length, magic, delta = unpack(mapping, pos - begin)
+            after = pos + LOG_OVERHEAD + length
+            if magic != MAGIC_V2 or length < MIN_BATCH_LENGTH or after > size:
                 raise CorruptSegmentError(
-                    f"bad batch header (magic {h.magic}, length {h.batch_length}, "
+                    f"bad batch header (magic {magic}, length {length}, "
                     f"{size - pos} bytes left)", path=where, position=pos)
-            yield h
-            pos = h.end_position
+            yield BatchSpan(pos, base_offset + delta, after)
+            pos = after
 
     def pieces(self, begin: int, end: int) -> Iterator[FilePiece]:
         """Bytes [begin, end) as ranges of the chunk files holding them."""
@@ -452,7 +473,7 @@ class RemoteSegments:
                            max_files=max_files)
         try:
             try:
-                span = take_batches(files.headers(start, offset), offset, budget, first, None)
+                span = take_batches(files.spans(start), offset, budget, first, None)
             except CorruptSegmentError as err:
                 span = self._intact_before(rs, start, offset, budget, first, err, out)
             else:

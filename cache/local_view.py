@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cache.manifest_view import METADATA_TTL_S
 from cache.segment_reads import local_log_end
@@ -20,6 +20,8 @@ from tiered.kafka.local_log import LocalLog, PartitionLog
 
 __all__ = ["LocalRange", "LocalView"]
 
+#: the partitions of a reader beside no broker
+_NOTHING: Mapping[TopicPartition, PartitionLog] = {}
 #: (the local partition, its readable start, its readable end): None where not local
 LocalRange = tuple[PartitionLog | None, int | None, int | None]
 
@@ -37,14 +39,16 @@ class LocalView:
         self._lock = threading.Lock()
         self._scanned_at = clock()
 
-    def partitions(self) -> dict[TopicPartition, PartitionLog]:
+    def partitions(self) -> Mapping[TopicPartition, PartitionLog]:
         """The partitions in the log dirs now (the dirs re-scanned at most once per TTL, so
-        new topics appear)."""
+        new topics appear): the last scan's own mapping, read-only, not a copy. A scan makes
+        a new one, so a caller may keep what it derived from a mapping while it gets the
+        same one back (a request's lookups cost nothing per local partition)."""
         if self.local_log is None:
-            return {}
+            return _NOTHING
         if self._clock() - self._scanned_at >= self._ttl:
             self.rescan()
-        return dict(self.local_log.partitions)
+        return self.local_log.partitions
 
     def range(self, topic: str, partition: int, offset: int | None) -> LocalRange:
         """The local partition and its readable [start, end) (end capped at the high

@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -409,8 +409,9 @@ class Reader:
         _check_request(topic, 0)
         return self.manifest_view.revision(topic, None)
 
-    def local_partitions(self) -> dict[TopicPartition, PartitionLog]:
-        """The partitions in the log dirs now (`LocalView.partitions`)."""
+    def local_partitions(self) -> Mapping[TopicPartition, PartitionLog]:
+        """The partitions in the log dirs now (`LocalView.partitions`: read-only, the same
+        mapping until the next scan)."""
         return self.local_view.partitions()
 
     # -- bucket --------------------------------------------------------------------------------

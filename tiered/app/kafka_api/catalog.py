@@ -37,7 +37,8 @@ from cache.reader import Reader
 from manifests import keys
 from manifests.topic import decode_topic_manifest
 from tiered.errors import TieredError
-from tiered.kafka.checkpoints import topic_id_from_str
+from tiered.kafka.checkpoints import TopicPartition, topic_id_from_str
+from tiered.kafka.local_log import PartitionLog
 from tiered.store.base import ObjectInfo, ObjectStore
 from tiered.store.errors import ObjectNotFound, StoreError
 from tiered.topics import is_internal_topic, topic_name_problem
@@ -145,6 +146,10 @@ class Catalog:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
+        #: (the log dirs' partitions, the topics derived from them): `local_topics`
+        self._local: tuple[Mapping[TopicPartition, PartitionLog], LocalTopics] | None = None
+        #: (local topics, snapshot, the local topics' ids): `_name_of`
+        self._local_ids: tuple[LocalTopics, _Snapshot | None, dict[uuid.UUID, str]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -182,9 +187,15 @@ class Catalog:
     # -- lookups ---------------------------------------------------------------------------
 
     def local_topics(self) -> LocalTopics:
-        """The topics of the log dirs now, for the lookups of one request."""
+        """The topics of the log dirs now, for the lookups of one request: derived again only
+        when the log dirs were scanned since (every Fetch asks, and a sidecar may hold
+        thousands of partitions). Read-only."""
+        partitions = self._reader.local_partitions()
+        cached = self._local
+        if cached is not None and cached[0] is partitions:
+            return cached[1]
         found: dict[str, LocalTopic] = {}
-        for tp, part in self._reader.local_partitions().items():
+        for tp, part in partitions.items():
             seen = found.get(tp.topic)
             if seen is None:
                 found[tp.topic] = LocalTopic(part.topic_id, tp.partition)
@@ -192,6 +203,7 @@ class Catalog:
                 found[tp.topic] = LocalTopic(
                     seen.topic_id if seen.topic_id is not None else part.topic_id,
                     max(seen.highest, tp.partition))
+        self._local = (partitions, found)
         return found
 
     def topic(self, name: str, local: LocalTopics | None = None) -> Topic | None:
@@ -245,10 +257,20 @@ class Catalog:
     def _name_of(self, topic_id: uuid.UUID) -> str | None:
         local = self.local_topics()
         snapshot = self._current()
-        bucket = {} if snapshot is None else snapshot.topics
-        for name, mine in local.items():
-            if _served(name) and _merge(name, mine, bucket.get(name)).topic_id == topic_id:
-                return name
+        cached = self._local_ids
+        if cached is None or cached[0] is not local or cached[1] is not snapshot:
+            # the ids of the local topics, first name first, again only when the log dirs or
+            # the snapshot changed: every Fetch by topic id asks
+            bucket = {} if snapshot is None else snapshot.topics
+            ids: dict[uuid.UUID, str] = {}
+            for local_name, mine in local.items():
+                if _served(local_name):
+                    ids.setdefault(_merge(local_name, mine, bucket.get(local_name)).topic_id,
+                                   local_name)
+            cached = self._local_ids = (local, snapshot, ids)
+        named = cached[2].get(topic_id)
+        if named is not None:
+            return named
         found = None if snapshot is None else snapshot.ids.get(topic_id)
         if found is None or found in local:  # a local topic's id is its own (checked above)
             return None

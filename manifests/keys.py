@@ -26,6 +26,7 @@ for this layout.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import NamedTuple
@@ -130,6 +131,12 @@ def validate_object_name(name: object) -> str:
     return name
 
 
+#: partitions whose hash and data prefix are kept once computed (every read of a segment
+#: names its object key: a SHA-256 and three validations each time otherwise)
+PREFIXES_CACHED = 16_384
+
+
+@functools.lru_cache(maxsize=PREFIXES_CACHED)
 def partition_hash(topic: str, partition: int, revision: str | int) -> str:
     """The 8-hex-digit prefix shared by every object of one partition (data and metadata)."""
     topic, rev = validate_topic_name(topic), validate_revision(revision)
@@ -143,6 +150,7 @@ def partition_prefix(topic: str, partition: int, revision: str | int) -> str:
     return f"{partition_hash(topic, partition, revision)}/"
 
 
+@functools.lru_cache(maxsize=PREFIXES_CACHED)
 def partition_data_prefix(topic: str, partition: int, revision: str | int) -> str:
     """`{h}/kafka/{topic}/{partition}_{revision}/`: where segment and index objects live."""
     rev = validate_revision(revision)

@@ -174,6 +174,10 @@ TOPIC_FIELDS: dict[str, str] = {
 }
 
 
+#: topics whose effective settings a `Config` keeps once resolved
+TOPIC_CONFIGS_CACHED = 10_000
+
+
 @dataclass(frozen=True)
 class Config:
     """A validated configuration. `cluster` holds every cluster property (defaults filled in);
@@ -195,6 +199,10 @@ class Config:
     history_server: bool = False
     #: the HTTP server's limits, authentication and TLS ([http]; docs/security.md)
     http: HttpConfig = field(default_factory=HttpConfig)
+    #: `topic_config` results: the read path asks for every fetch (bounded: a name from a
+    #: client is only cached up to `TOPIC_CONFIGS_CACHED` names)
+    _topic_configs: dict[str, TopicConfig] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def node_id(self) -> str:
         """This sidecar's name among those sharing the bucket: `[node] id`, else the broker's
@@ -212,6 +220,15 @@ class Config:
 
     def topic_config(self, topic: str) -> TopicConfig:
         """Effective settings of `topic` (configured or not); ConfigError for an illegal name."""
+        cached = self._topic_configs.get(topic)
+        if cached is not None:
+            return cached
+        resolved = self._resolve_topic(topic)
+        if len(self._topic_configs) < TOPIC_CONFIGS_CACHED:
+            self._topic_configs[topic] = resolved
+        return resolved
+
+    def _resolve_topic(self, topic: str) -> TopicConfig:
         problem = check_topic_name(topic)
         if problem is not None:
             raise ConfigError(problem)

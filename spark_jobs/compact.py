@@ -47,7 +47,6 @@ from spark_jobs.compact_exec import (
     GroupTask,
     SegTask,
     clean_task,
-    key_bucket,
     latest_offsets,
     reduce_bucket,
     scan_task,
@@ -64,6 +63,7 @@ from spark_jobs.job_context import JobContext, PartitionRef, Progress, job_error
 from spark_jobs.merge import PartitionState, _delete_unreferenced, _Planned, commit_partition
 from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, fresh_generation
 from spark_jobs.merge_plan import MergeLimits, is_compacted_topic, merge_limits
+from spark_jobs.record_columns import key_bucket
 from tiered.config import Config, TopicConfig
 from tiered.errors import TieredError
 from tiered.kafka.compaction import ABORTED, IN_DOUBT, transaction_flags

@@ -19,7 +19,7 @@ from manifests.model import SegmentMeta
 from spark_jobs.compact_columns import clean_segment, scan_keys
 from spark_jobs.job_context import PartitionRef, job_error
 from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, claim_name, fetch_source
-from spark_jobs.record_columns import ID_BYTES, bucket_of, key_bucket, last_per_key
+from spark_jobs.record_columns import ID_BYTES, bucket_of, last_per_key
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.compaction import SegmentCleaning, empty_batch, live_txn_entries
 from tiered.kafka.index import NO_TIMESTAMP
@@ -31,7 +31,6 @@ from tiered.store.errors import ObjectNotFound
 
 #: event tags of the scan stage (first element of each tuple)
 KEY, TXN_KEY, PRODUCER, SCANNED = "k", "t", "p", "s"
-__all__ = ["key_bucket"]  # the driver buckets transactional keys as the scan does
 
 
 class SegTask(NamedTuple):

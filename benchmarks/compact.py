@@ -135,6 +135,8 @@ def child(args: argparse.Namespace) -> None:
     from spark_jobs.session import DAEMON_MODULE
 
     config = make_config(args.endpoint, args.segment_mb * MIB)
+    # the workers run this interpreter (and its packages), not whatever `python3` is on PATH
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     (SparkSession.builder.master(args.master).appName("compact-bench")
      .config("spark.driver.memory", args.executor_memory)
      .config("spark.executor.memory", args.executor_memory)

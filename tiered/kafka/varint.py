@@ -41,7 +41,9 @@ def _zigzag(value: int) -> int:
     return (value << 1) ^ (value >> 63)
 
 
-def _append_unsigned(out: bytearray, raw: int) -> None:
+def append_uvarint(out: bytearray, raw: int) -> None:
+    """Append the unsigned base-128 varint of `raw` >= 0 (no zig-zag): the lengths of
+    Kafka's flexible protocol versions are written so."""
     while raw > 0x7F:
         out.append((raw & 0x7F) | 0x80)
         raw >>= 7
@@ -54,14 +56,14 @@ def append_varint(out: bytearray, value: int) -> None:
     Raises ValueError when `value` does not fit 32 bits (a caller bug, not corrupt data)."""
     if not INT32_MIN <= value <= INT32_MAX:
         raise ValueError(f"varint value {value} does not fit a signed 32-bit integer")
-    _append_unsigned(out, _zigzag(value))
+    append_uvarint(out, _zigzag(value))
 
 
 def append_varlong(out: bytearray, value: int) -> None:
     """Append the zig-zag varlong of a signed 64-bit `value` to `out`."""
     if not INT64_MIN <= value <= INT64_MAX:
         raise ValueError(f"varlong value {value} does not fit a signed 64-bit integer")
-    _append_unsigned(out, _zigzag(value))
+    append_uvarint(out, _zigzag(value))
 
 
 def encode_varint(value: int) -> bytes:

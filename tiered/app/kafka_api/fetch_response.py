@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cache.fetched_bytes import Pieces
+from tiered.kafka.varint import append_uvarint
 
 __all__ = ["FIRST_FLEXIBLE", "PartitionAnswer", "TopicAnswer", "encode_fetch_response"]
 
@@ -86,7 +87,7 @@ def encode_fetch_response(version: int, correlation_id: int, topics: Sequence[To
     if flexible:
         out += _NO_TAGS
     out += _TOP_V7.pack(0, error_code, session_id) if version >= 7 else _I32.pack(0)
-    out += _array_length(len(topics), flexible)
+    _length(out, len(topics), flexible)
     parts: list[bytes | Pieces] = []
     for topic in topics:
         if version >= FIRST_TOPIC_ID:
@@ -96,17 +97,17 @@ def encode_fetch_response(version: int, correlation_id: int, topics: Sequence[To
         else:
             if topic.name is None:
                 raise ValueError(f"Fetch v{version} names topics by name")
-            out += _string(topic.name, flexible)
-        out += _array_length(len(topic.partitions), flexible)
+            name = topic.name.encode("utf-8")
+            _length(out, len(name), flexible, _I16)
+            out += name
+        _length(out, len(topic.partitions), flexible)
         for p in topic.partitions:
             out += _PARTITION_HEAD.pack(p.index, p.error_code, p.high_watermark,
                                         p.high_watermark)
             if version >= 5:
                 out += _I64.pack(p.log_start_offset)
-            if p.aborted is None:
-                out += b"\x00" if flexible else _I32.pack(-1)
-            else:
-                out += _array_length(len(p.aborted), flexible)
+            _length(out, -1 if p.aborted is None else len(p.aborted), flexible)
+            if p.aborted is not None:
                 for producer_id, first_offset in p.aborted:
                     out += _ABORTED.pack(producer_id, first_offset)
                     if flexible:
@@ -114,7 +115,7 @@ def encode_fetch_response(version: int, correlation_id: int, topics: Sequence[To
             if version >= 11:
                 out += _I32.pack(-1)  # preferred_read_replica: none
             size = 0 if p.records is None else p.records.size
-            out += _uvarint(size + 1) if flexible else _I32.pack(size)
+            _length(out, size, flexible)
             if size:
                 assert p.records is not None  # noqa: S101 - size is 0 without records
                 parts.append(bytes(out))
@@ -134,21 +135,10 @@ def encode_fetch_response(version: int, correlation_id: int, topics: Sequence[To
     return parts
 
 
-def _array_length(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _I32.pack(n)
-
-
-def _string(value: str, flexible: bool) -> bytes:
-    data = value.encode("utf-8")
-    return (_uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
-
-
-def _uvarint(value: int) -> bytes:
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def _length(out: bytearray, n: int, flexible: bool, fixed: struct.Struct = _I32) -> None:
+    """A length (an array's count, a string's or bytes' size; -1: null) as the version writes
+    it: the unsigned varint of n + 1 in flexible versions (0: null), else `fixed`-width."""
+    if flexible:
+        append_uvarint(out, n + 1)
+    else:
+        out += fixed.pack(n)

@@ -1,7 +1,13 @@
 """Chunk layout: boundaries on batch boundaries, about chunk_size each, and the chunks a byte range
-needs."""
+needs; a fetch's walk of a chunk's batches, and the damage it stops at."""
 
 from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -14,8 +20,10 @@ from cache.chunks import (
     plan_chunks,
     verify_batches,
 )
+from cache.segment_reads import ChunkFiles
 from tiered.errors import CorruptSegmentError
 from tiered.kafka.builder import encode_batch, make_records
+from tiered.kafka.records import iter_batch_headers
 
 
 def test_chunks_take_the_furthest_boundary_within_the_size() -> None:
@@ -110,3 +118,44 @@ def test_verify_batches_anchors_errors_in_the_segment() -> None:
     assert caught.value.path == "k"
     with pytest.raises(CorruptSegmentError):  # cut inside a batch
         verify_batches(chunk[:-3], positions[4])
+
+
+class _OneChunk:
+    """A segment handle whose one chunk is `data` (what `ChunkFiles` asks of a handle)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.chunk_starts = [0]
+        self._file = SimpleNamespace(begin=0, end=len(data), mapping=data)
+
+    def open_chunk(self, pos: int, end: int, **_: object) -> Any:
+        return self._file
+
+
+def _spans(data: bytes) -> list[tuple[int, int, int]]:
+    files = ChunkFiles(cast(Any, _OneChunk(data)), "c", len(data), "k", session=True)
+    return [tuple(s) for s in files.spans(0)]  # type: ignore[misc]
+
+
+def test_a_fetch_walk_reads_what_the_full_header_walk_reads() -> None:
+    data = _segment()
+    assert _spans(data) == [(h.position, h.last_offset, h.end_position)
+                            for h in iter_batch_headers(data)]
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda d, at: d[:at + 16] + b"\x01" + d[at + 17:], "bad batch header (magic 1"),
+    (lambda d, at: d[:at + 8] + struct.pack(">i", 1 << 30) + d[at + 12:], "bad batch header"),
+    (lambda d, at: d[:at + 8] + struct.pack(">i", 3) + d[at + 12:], "bad batch header"),
+    (lambda d, at: d[:at + 30], "truncated batch"),
+], ids=["magic", "length past the end", "length below the minimum", "truncated header"])
+def test_a_fetch_walk_stops_at_damage_naming_its_byte(
+        damage: Callable[[bytes, int], bytes], message: str) -> None:
+    data = _segment()
+    second = next(h for i, h in enumerate(iter_batch_headers(data)) if i == 1).position
+    bad = damage(data, second)
+    files = ChunkFiles(cast(Any, _OneChunk(bad)), "c", len(bad), "k", session=True)
+    walk = files.spans(0)
+    assert next(walk).end_position == second  # the batch before the damage is served
+    with pytest.raises(CorruptSegmentError, match=re.escape(message)) as err:
+        next(walk)
+    assert err.value.position == second and err.value.path == "k"

@@ -20,6 +20,7 @@ from tiered.config import (
     load_config,
     parse_config,
 )
+from tiered.config.model import TOPIC_CONFIGS_CACHED
 from tiered.config.properties import (
     CLUSTER,
     MASK,
@@ -942,3 +943,21 @@ def test_a_bad_node_id_is_an_error_naming_the_key(in_tmp: Path, value: str) -> N
 def test_an_unknown_node_key_is_an_error(in_tmp: Path) -> None:
     (problem,) = problems_of(BASE + '[node]\nname = "a"\n')
     assert problem.startswith("tiered.toml: [node] name: unknown key")
+
+
+def test_topic_settings_are_kept_for_a_bounded_number_of_names() -> None:
+    """The read path asks for a topic's settings on every fetch; names can come from clients,
+    so only so many are kept, and an illegal one is refused every time."""
+    config = parse_config({"storage": {"url": "s3://bucket-a"},
+                           "topics": {"orders": {"retention.ms": 5000}}}, source="<test>")
+    first = config.topic_config("orders")
+    assert config.topic_config("orders") is first and first.retention_ms == 5000
+    for i in range(TOPIC_CONFIGS_CACHED + 50):
+        assert config.topic_config(f"t{i}").retention_ms == config.topic_config("t0").retention_ms
+    assert len(config._topic_configs) == TOPIC_CONFIGS_CACHED
+    for _ in range(2):
+        with pytest.raises(ConfigError):
+            config.topic_config("../bad")
+    # a copy starts with nothing kept, and compares equal all the same
+    again = pickle.loads(pickle.dumps(config))
+    assert again == config and again.topic_config("t1") == config.topic_config("t1")

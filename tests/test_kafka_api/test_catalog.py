@@ -17,7 +17,9 @@ import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from faultproxy import DROP, FaultProxy
@@ -40,6 +42,7 @@ from tiered.app.kafka_api.messages import build, nested
 from tiered.app.kafka_api.server import KafkaServer
 from tiered.config import parse_config
 from tiered.errors import ConfigError, TieredError
+from tiered.kafka.checkpoints import TopicPartition
 from tiered.store import open_store
 
 pytestmark = pytest.mark.timeout(300)
@@ -337,3 +340,32 @@ def test_catalog_refresh_ms_is_checked(tmp_path: Path, value: object, problem: s
         parse_config({**base, "kafka": {"listen": "0", "catalog_refresh_ms": value}},
                      source="t", base_dir=tmp_path)
     assert any("[kafka] catalog_refresh_ms" in p and problem in p for p in err.value.problems)
+
+
+class _LocalOnly:
+    """What the catalog asks of a reader beside a broker for its local topics: the log dirs'
+    partitions, one mapping per scan (`LocalView.partitions`)."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[Any, Any] = {}
+        self.store = None
+
+    def local_partitions(self) -> dict[Any, Any]:
+        return self.partitions
+
+
+def test_local_topics_and_ids_are_derived_once_per_scan_and_follow_a_new_one() -> None:
+    reader = _LocalOnly()
+    first, second = uuid4(), uuid4()
+    reader.partitions = {TopicPartition("a", 0): SimpleNamespace(topic_id=first),
+                         TopicPartition("a", 3): SimpleNamespace(topic_id=first)}
+    catalog = catalog_module.Catalog(reader, refresh_s=60.0)  # type: ignore[arg-type]
+    local = catalog.local_topics()
+    assert dict(local) == {"a": catalog_module.LocalTopic(first, 3)}
+    assert catalog.local_topics() is local  # the same scan: nothing derived again
+    assert catalog.name_of(first) == "a" and catalog.name_of(second) is None
+    # a scan (a new mapping) with a new topic: both lookups follow it
+    reader.partitions = {**reader.partitions, TopicPartition("b", 0): SimpleNamespace(
+        topic_id=second)}
+    assert set(catalog.local_topics()) == {"a", "b"}
+    assert catalog.name_of(second) == "b" and catalog.name_of(first) == "a"

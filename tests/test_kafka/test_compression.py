@@ -204,3 +204,75 @@ def test_snappy_xerial_truncated_block_length_is_corrupt() -> None:
 def test_snappy_xerial_truncated_header_is_corrupt() -> None:
     with pytest.raises(CorruptSegmentError, match="xerial header truncated"):
         CODECS["snappy"].decompress(b"\x82SNAPPY\x00\x00\x00")
+
+
+# --- bounded decompression: a bomb costs at most the limit ----------------------------------
+
+#: 64 MiB of zeros compresses to a few KiB (zstd) to a few MiB (snappy)
+BOMB_BYTES = 64 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def bombs() -> dict[str, bytes]:
+    zeros = b"\x00" * BOMB_BYTES
+    return {name: CODECS[name].compress(zeros) for name in ("gzip", "snappy", "lz4", "zstd")}
+
+
+@pytest.mark.parametrize("name", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_payload_expanding_past_the_limit_is_corrupt_naming_the_codec(
+    bombs: dict[str, bytes], name: str
+) -> None:
+    message = f"{name} payload decompresses to more than 1048576 bytes"
+    with pytest.raises(CorruptSegmentError, match=message):
+        CODECS[name].decompress(bombs[name], limit=1024 * 1024)
+
+
+@pytest.mark.parametrize("name", ["gzip", "snappy", "lz4", "zstd"])
+def test_the_limit_is_inclusive(name: str) -> None:
+    payload = os.urandom(5000) + b"\x00" * 5000
+    compressed = CODECS[name].compress(payload)
+    assert CODECS[name].decompress(compressed, limit=len(payload)) == payload
+    with pytest.raises(CorruptSegmentError, match="decompresses to more than 9999 bytes"):
+        CODECS[name].decompress(compressed, limit=len(payload) - 1)
+
+
+@pytest.mark.parametrize("name", ["gzip", "snappy", "lz4", "zstd"])
+def test_a_large_legitimate_payload_grows_its_buffer_and_comes_out_whole(name: str) -> None:
+    # 20 MiB from a few KiB: past the first buffer (1 MiB) and past the kept size (8 MiB)
+    payload = (os.urandom(64) + b"\x00" * 4032) * 5120
+    compressed = CODECS[name].compress(payload)
+    for _ in range(2):  # the second call starts from whatever buffer the first one kept
+        assert CODECS[name].decompress(compressed) == payload
+    assert CODECS[name].decompress(CODECS[name].compress(b"small")) == b"small"
+
+
+def test_a_bomb_allocates_no_more_than_the_limit(bombs: dict[str, bytes]) -> None:
+    import tracemalloc
+
+    limit = 4 * 1024 * 1024
+    tracemalloc.start()
+    try:
+        for name in ("gzip", "snappy", "lz4", "zstd"):
+            with pytest.raises(CorruptSegmentError):
+                CODECS[name].decompress(bombs[name], limit=limit)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the output buffer at the limit; zlib assembles its output from blocks, so gzip's peak is
+    # the output twice
+    assert peak <= 2 * limit + 1024 * 1024
+
+
+def test_threads_decompress_side_by_side_with_their_own_buffers() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    payloads = [os.urandom(1000) * (i + 1) * 300 for i in range(8)]
+    compressed = [(CODECS[name].compress(p), p) for p in payloads for name in ("lz4", "zstd")]
+
+    def check(item: tuple[bytes, bytes]) -> bool:
+        data, payload = item
+        codec = CODECS["zstd"] if data[:4] == b"\x28\xb5\x2f\xfd" else CODECS["lz4"]
+        return all(codec.decompress(data) == payload for _ in range(20))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(check, compressed * 3))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tiered.errors import CorruptSegmentError
 from tiered.kafka.builder import control_record, encode_batch, make_records
-from tiered.kafka.compression import CODECS
+from tiered.kafka.compression import CODECS, MAX_DECOMPRESSED_BYTES
 from tiered.kafka.records import (
     ATTRIBUTES_OFFSET,
     BATCH_HEADER,
@@ -204,6 +204,24 @@ def test_each_compression_codec_round_trips(compression: str) -> None:
     assert batch.records == tuple(records)
     if compression != "none":
         assert len(data) < len(encode_batch(records, base_offset=5_000)) // 2
+
+
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+def test_a_batch_expanding_past_the_decompression_limit_is_corrupt_at_its_position(
+    compression: str,
+) -> None:
+    # a few KiB on disk, more than MAX_DECOMPRESSED_BYTES once decompressed: refused once the
+    # limit is out, never expanded whole
+    records = make_records([b"\x00" * (MAX_DECOMPRESSED_BYTES + 1)], base_offset=70, timestamp=1)
+    bomb = encode_batch(records, base_offset=70, compression=compression)
+    assert len(bomb) < MAX_DECOMPRESSED_BYTES // 100
+    data = encode_batch(_sample(0, 3), base_offset=0) + bomb
+    with pytest.raises(CorruptSegmentError) as caught:
+        list(iter_batches(data))
+    assert caught.value.position == len(data) - len(bomb)
+    assert f"batch at offset 70: {compression} payload decompresses to more than " in str(
+        caught.value
+    )
 
 
 @pytest.mark.parametrize("kind", ["commit", "abort"])

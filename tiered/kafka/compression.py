@@ -16,13 +16,21 @@ snappy, lz4 and zstd run in `cramjam` (Rust), gzip in zlib (C): no codec loops i
 
 Decompression failures are `CorruptSegmentError` without a position: the codec only sees the
 compressed payload, and `tiered.kafka.records` re-anchors the error at the batch that carried it.
+
+Decompression is bounded: a payload that would expand past `limit` bytes (default
+`MAX_DECOMPRESSED_BYTES`) is refused as corrupt once that many bytes are out, so a damaged or
+hostile batch (a few KiB of zstd can claim gigabytes) costs at most `limit` bytes of memory and
+the time to write them. Kafka's default `max.message.bytes` is 1 MiB of *compressed* batch, so
+the default leaves legitimate batches a 64:1 ratio.
 """
 
 from __future__ import annotations
 
 import gzip
 import struct
+import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -32,6 +40,56 @@ from tiered.errors import CorruptSegmentError
 
 #: what a codec reads: any contiguous bytes-like object (a memoryview of a mapped segment works)
 Payload = bytes | bytearray | memoryview
+
+#: the most bytes one batch's records may decompress to (see the module docstring)
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+#: output buffers up to this size stay with their thread for its next batch; bigger ones are
+#: dropped after use, so a rare large batch does not pin its memory
+_KEPT_BUFFER_BYTES = 8 * 1024 * 1024
+#: the first output buffer is this many times the payload (at least `_FIRST_BUFFER_BYTES`);
+#: each retry after a full buffer quadruples it, up to the limit
+_FIRST_RATIO = 8
+_FIRST_BUFFER_BYTES = 1024 * 1024
+_GROWTH = 4
+#: what cramjam says when the output buffer filled before the payload ended
+_FULL_BUFFER = "failed to write whole buffer"
+
+_buffers = threading.local()
+
+
+def _too_big(codec: str, limit: int) -> CorruptSegmentError:
+    return CorruptSegmentError(f"{codec} payload decompresses to more than {limit} bytes")
+
+
+def _decompress_bounded(
+    codec: str, into: Callable[[Payload, bytearray], int], data: Payload, limit: int
+) -> bytes:
+    """`into(data, buffer)`'s output as bytes, into a buffer that grows up to `limit` bytes.
+
+    cramjam's `decompress_into` stops with an error when the buffer is full, so the work and
+    memory for a bomb end at `limit`. The buffer is reused by the thread's next call (no zero
+    fill per batch); only a full buffer makes a retry, each at four times the size.
+    """
+    size = min(limit, max(_FIRST_BUFFER_BYTES, _FIRST_RATIO * len(data)))
+    while True:
+        buffer: bytearray | None = getattr(_buffers, "buffer", None)
+        if buffer is None or len(buffer) < size:
+            buffer = _buffers.buffer = None  # the smaller one goes before the bigger one comes
+            buffer = bytearray(size)
+        try:
+            n = into(data, buffer)
+        except cramjam.DecompressionError as err:
+            if _FULL_BUFFER not in str(err):
+                raise
+            if len(buffer) >= limit:
+                raise _too_big(codec, limit) from None
+            size = min(limit, len(buffer) * _GROWTH)
+            continue
+        finally:
+            _buffers.buffer = buffer if len(buffer) <= _KEPT_BUFFER_BYTES else None
+        if n > limit:
+            raise _too_big(codec, limit)
+        return bytes(memoryview(buffer)[:n])
 
 
 @dataclass(frozen=True)
@@ -46,7 +104,8 @@ class Codec:
     def compress(self, data: Payload) -> bytes:
         return bytes(data)
 
-    def decompress(self, data: Payload) -> bytes:
+    def decompress(self, data: Payload, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+        """`data`'s records, at most `limit` bytes of them (more is `CorruptSegmentError`)."""
         return bytes(data)
 
 
@@ -63,10 +122,22 @@ class GzipCodec(Codec):
         # mtime=0: equal input gives equal bytes, so re-encoding a batch is reproducible
         return gzip.compress(data, compresslevel=self.level, mtime=0)
 
-    def decompress(self, data: Payload) -> bytes:
+    def decompress(self, data: Payload, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+        # zlib checks each member's CRC and length (wbits 16+); members follow one another
+        out = bytearray()
+        rest = memoryview(data)
         try:
-            return gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
+            while True:
+                member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                out += member.decompress(rest, limit + 1 - len(out))
+                if len(out) > limit:
+                    raise _too_big(self.name, limit)
+                if not member.eof:
+                    raise CorruptSegmentError("gzip payload does not decompress: truncated")
+                rest = memoryview(member.unused_data)
+                if not rest:
+                    return bytes(out)
+        except zlib.error as err:
             raise CorruptSegmentError(f"gzip payload does not decompress: {err}") from None
 
 
@@ -105,17 +176,25 @@ class SnappyCodec(Codec):
             out += block
         return bytes(out)
 
-    def decompress(self, data: Payload) -> bytes:
+    def decompress(self, data: Payload, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
         view = memoryview(data)
         try:
             if bytes(view[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
-                return bytes(cramjam.snappy.decompress_raw(view))
-            return self._decompress_xerial(view)
+                return bytes(cramjam.snappy.decompress_raw(self._checked(view, limit)))
+            return self._decompress_xerial(view, limit)
         except cramjam.DecompressionError as err:
             raise CorruptSegmentError(f"snappy payload does not decompress: {err}") from None
 
-    @staticmethod
-    def _decompress_xerial(view: memoryview) -> bytes:
+    @classmethod
+    def _checked(cls, block: memoryview, limit: int, before: int = 0) -> memoryview:
+        """`block` once the length it declares up front, after `before` bytes already out, is
+        within `limit`."""
+        if before + cramjam.snappy.decompress_raw_len(block) > limit:
+            raise _too_big(cls.name, limit)
+        return block
+
+    @classmethod
+    def _decompress_xerial(cls, view: memoryview, limit: int) -> bytes:
         if len(view) < _XERIAL_HEADER.size:
             raise CorruptSegmentError(
                 f"snappy xerial header truncated: {len(view)} of {_XERIAL_HEADER.size} bytes"
@@ -132,7 +211,9 @@ class SnappyCodec(Codec):
                     f"snappy xerial block of {length} bytes at byte {pos} runs past the "
                     f"payload's {len(view)} bytes"
                 )
-            out += cramjam.snappy.decompress_raw(view[pos : pos + length])
+            out += cramjam.snappy.decompress_raw(
+                cls._checked(view[pos : pos + length], limit, len(out))
+            )
             pos += length
         return bytes(out)
 
@@ -153,9 +234,9 @@ class Lz4Codec(Codec):
         compressor.compress(data)
         return bytes(compressor.finish())
 
-    def decompress(self, data: Payload) -> bytes:
+    def decompress(self, data: Payload, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
         try:
-            return bytes(cramjam.lz4.decompress(data))
+            return _decompress_bounded(self.name, cramjam.lz4.decompress_into, data, limit)
         except cramjam.DecompressionError as err:
             raise CorruptSegmentError(f"lz4 payload does not decompress: {err}") from None
 
@@ -171,9 +252,9 @@ class ZstdCodec(Codec):
     def compress(self, data: Payload) -> bytes:
         return bytes(cramjam.zstd.compress(data, level=self.level))
 
-    def decompress(self, data: Payload) -> bytes:
+    def decompress(self, data: Payload, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
         try:
-            return bytes(cramjam.zstd.decompress(data))
+            return _decompress_bounded(self.name, cramjam.zstd.decompress_into, data, limit)
         except cramjam.DecompressionError as err:
             raise CorruptSegmentError(f"zstd payload does not decompress: {err}") from None
 

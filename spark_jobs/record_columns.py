@@ -11,7 +11,7 @@ The columns hold exactly what `skim_records` returns for each batch. A batch thi
 not take on is handed to `skim_records` itself, which reads it or raises the
 CorruptSegmentError naming it, so damage is refused as the record-at-a-time walk refuses it:
 
-* records with headers (walking them is left to `skim_records`);
+* a record with more than `MAX_HEADERS` headers (each header is one more vectorised step);
 * a varint longer than any sane record needs (4 bytes: 2**27; a timestamp delta: 9 bytes),
   a count no bytes could hold, a zero count, any check failing;
 * the longest batches of a segment, when few: each vectorised step costs about as much as a
@@ -49,6 +49,9 @@ _MAX_VARLONG = 9
 #: the fewest bytes a record takes: length, attributes, timestamp delta, offset delta, key
 #: length, value length, header count
 _MIN_RECORD = 7
+#: records with up to this many headers are walked here; a batch with a record holding more
+#: goes to `skim_records`
+MAX_HEADERS = 16
 #: a key of up to this many bytes is its own identity in the key map; longer ones are MD5'd
 SHORT_KEY = 15
 #: identity bytes of one key
@@ -165,7 +168,7 @@ def _walk(buf: np.ndarray, cols: RecordColumns, begins: np.ndarray, ends: np.nda
           counts: np.ndarray, last_delta: np.ndarray, bases: np.ndarray, sane: np.ndarray
           ) -> set[int]:
     """The vectorised walk over the sane batches; returns the batches left to `skim_records`
-    (records with headers, a failed check, the longest few)."""
+    (a record with many headers, a failed check, the longest few)."""
     lanes = np.nonzero(sane)[0]
     lanes = lanes[np.argsort(-counts[lanes], kind="stable")]
     if len(lanes) < MIN_LANES:
@@ -197,10 +200,12 @@ def _walk(buf: np.ndarray, cols: RecordColumns, begins: np.ndarray, ends: np.nda
         at = key_at + np.maximum(klen, 0)
         vlen, k5, over5 = _varint(buf, at, _MAX_VARINT, lim)
         at = at + k5 + np.maximum(vlen, 0)
-        ok = ~(over | over2 | over3 | over4 | over5)
-        ok &= (length >= 0) & (end <= stop[:m]) & (at + 1 == end)
-        ok &= buf[np.minimum(at, lim)] == 0  # no headers
+        count, k6, over6 = _varint(buf, at, _MAX_VARINT, lim)
+        ok = ~(over | over2 | over3 | over4 | over5 | over6)
+        ok &= (length >= 0) & (end <= stop[:m]) & (count >= 0) & (count <= MAX_HEADERS)
         ok &= (klen >= -1) & (vlen >= -1) & (prev[:m] < delta) & (delta <= last[:m])
+        at, ok = _skip_headers(buf, at + k6, count, end, ok, lim)
+        ok &= at == end
         bad[:m] |= ~ok
         r = row0[:m] + j
         cols.offset[r] = base[:m] + delta
@@ -217,6 +222,26 @@ def _walk(buf: np.ndarray, cols: RecordColumns, begins: np.ndarray, ends: np.nda
     bad |= pos != stop  # bytes left after the last record
     slow.update(lanes[bad].tolist())
     return slow
+
+
+def _skip_headers(buf: np.ndarray, at: np.ndarray, count: np.ndarray, end: np.ndarray,
+                  ok: np.ndarray, lim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step over the `count` headers (key length and key, value length and value) starting at
+    `at` of the records still `ok`: (the positions after them, still ok). A null key, a value
+    length below -1 or a header past its record's `end` is not ok (`skim_records` then
+    reads the batch or refuses it)."""
+    walking = ok & (count > 0)
+    for i in range(int(count[walking].max()) if walking.any() else 0):
+        walking &= count > i
+        klen, k1, over1 = _varint(buf, at, _MAX_VARINT, lim)
+        value_at = at + k1 + np.maximum(klen, 0)
+        vlen, k2, over2 = _varint(buf, value_at, _MAX_VARINT, lim)
+        after = value_at + k2 + np.maximum(vlen, 0)
+        fine = ~(over1 | over2) & (klen >= 0) & (vlen >= -1) & (after <= end)
+        ok = ok & ~(walking & ~fine)
+        walking &= fine
+        at = np.where(walking, after, at)
+    return at, ok
 
 
 def _varint(buf: np.ndarray, p: np.ndarray, most: int, lim: int

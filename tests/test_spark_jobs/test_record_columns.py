@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from spark_jobs import compact_columns, record_columns
 from spark_jobs.compact_exec import reduce_bucket
 from spark_jobs.record_columns import (
+    MAX_HEADERS,
     MIN_LANES,
     bucket_of,
     key_bucket,
@@ -66,7 +67,7 @@ def segment(seed: int, batches: int, *, headers: float = 0.03,
                    else b"a-long-key-of-many-bytes-%d" % rng.randrange(20))
             value = (None if key is not None and rng.random() < 0.15
                      else rng.randbytes(rng.choice([0, 3, 60, 200])))
-            hdrs = (Header("h", b"x" * rng.randrange(3)),) if rng.random() < headers else ()
+            hdrs = _headers(rng) if rng.random() < headers else ()
             ts = T0 + (off - first) * rng.choice([1, 1000, 10**7]) - rng.choice([0, 0, 5])
             recs.append(Record(off, ts, key, value, hdrs))
             off += rng.choice([1, 1, 1, 4])
@@ -75,6 +76,15 @@ def segment(seed: int, batches: int, *, headers: float = 0.03,
                             producer_id=pid, producer_epoch=0 if pid >= 0 else -1,
                             base_sequence=0 if pid >= 0 else -1, transactional=txn)
     return bytes(out)
+
+
+def _headers(rng: random.Random) -> tuple[Header, ...]:
+    """One to three headers: empty and longer keys, null, empty and longer values; now and then
+    more than `MAX_HEADERS` (those batches are left to `skim_records`)."""
+    n = MAX_HEADERS + 1 if rng.random() < 0.002 else rng.choice([1, 1, 2, 3])
+    return tuple(Header(rng.choice(["h", "", "trace-id-" * rng.randrange(1, 20)]),
+                        rng.choice([None, b"", b"x" * rng.randrange(3), rng.randbytes(150)]))
+                 for _ in range(n))
 
 
 def data_headers(data: bytes) -> list:
@@ -125,6 +135,72 @@ def test_random_segments_match_skim_records(seed: int, batches: int, headers: fl
     data = segment(seed, batches, headers=headers)
     cols = record_columns.record_columns(data, data_headers(data))
     assert as_rows(cols) == skimmed(data, cols)
+
+
+@pytest.mark.parametrize("codecs", [("none",), ("zstd", "gzip")])
+def test_records_with_headers_are_walked_by_columns_not_one_at_a_time(
+        codecs: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records with up to `MAX_HEADERS` headers take the vectorised walk: only the longest
+    batches and those holding a record with more headers go to `skim_records`, and the columns
+    still hold what it reads."""
+    skimmed_batches: list[int] = []
+    skim = record_columns.skim_records
+
+    def counting(data: bytes, h: object, **kw: object) -> list:
+        skimmed_batches.append(h.base_offset)  # type: ignore[attr-defined]
+        return skim(data, h, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(record_columns, "skim_records", counting)
+    data = segment(5, MIN_LANES * 3, headers=0.6, codecs=codecs)
+    nxt = data_headers(data)[-1].last_offset + 1
+    many_headers = tuple(Header(f"h{i}", b"v") for i in range(MAX_HEADERS + 1))
+    data += encode_batch(  # one record with more headers than the walk takes on
+        [Record(nxt + i, T0, b"k", b"v", many_headers if i == 1 else ()) for i in range(3)],
+        base_offset=nxt, compression=codecs[0])
+    heads = data_headers(data)
+    cols = record_columns.record_columns(data, heads)
+    many = {h.base_offset for h in heads if any(
+        len(r.headers) > MAX_HEADERS for r in compaction.decode_batch(data, h.position).records)}
+    longest = sorted((h.records_count for h in heads), reverse=True)[MIN_LANES - 1]
+    assert nxt in many
+    assert set(skimmed_batches) == many | {h.base_offset for h in heads
+                                           if h.records_count > longest}
+    with_headers = sum(1 for h in heads if h.base_offset not in skimmed_batches and any(
+        r.headers for r in compaction.decode_batch(data, h.position).records))
+    assert with_headers >= MIN_LANES // 2
+    monkeypatch.setattr(record_columns, "skim_records", skim)
+    assert as_rows(cols) == skimmed(data, cols)
+
+
+@pytest.mark.parametrize("damage", ["null_key", "past_the_record", "negative_count"])
+def test_damaged_headers_are_refused_as_skim_records_refuses_them(damage: str) -> None:
+    """A null header key, a header value running past its record, a negative header count
+    (CRC recomputed): the CorruptSegmentError `skim_records` raises for that batch."""
+    rng = random.Random(3)
+    out = bytearray()
+    for b in range(MIN_LANES * 2):
+        recs = [Record(b * 10 + i, T0, b"k%d" % i, b"value", (Header("hk", b"hv"),))
+                for i in range(5)]
+        out += encode_batch(recs, base_offset=b * 10)
+    data = bytearray(out)
+    heads = data_headers(bytes(data))
+    h = heads[rng.randrange(len(heads) // 2, len(heads))]
+    area = h.position + BATCH_HEADER.size
+    count_at = bytes(data).index(b"\x02\x04hk", area)  # header count 1, key length 2
+    if damage == "null_key":
+        data[count_at + 1] = 0x01  # key length -1
+    elif damage == "past_the_record":
+        data[count_at + 4] = 0x7E  # value length 63
+    else:
+        data[count_at] = 0x03  # header count -2
+    _recrc(data, h.position)
+    blob = bytes(data)
+    with pytest.raises(CorruptSegmentError) as want:
+        compaction.skim_records(compaction.records_area(memoryview(blob), h), h)
+    with pytest.raises(CorruptSegmentError) as got:
+        record_columns.record_columns(blob, data_headers(blob))
+    assert str(got.value) == str(want.value)
+    assert got.value.position == h.position
 
 
 def _recrc(data: bytearray, position: int) -> None:

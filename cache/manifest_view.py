@@ -7,6 +7,9 @@ not cost a GET per poll, so a head stays fresh for `ttl_s`; past it, a fetch of 
 cached head holds is served from it while a fresh one is read on a timer thread of its own
 (the objects an older head names stay readable for the GC grace period, docs/design.md,
 invariant 7). Through a store outage a head younger than the grace period keeps serving.
+A head the bucket lost or garbled is read from its newest copy (written beside it at every
+commit), read-only, until a writer restores it: a reader never takes a lost head for a
+partition with no history (docs/format.md, "Losing objects").
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from cache.segment_reads import Lru
 from manifests import keys
 from manifests.commit import ManifestStore
+from manifests.errors import CorruptManifest
 from manifests.manifest import PartitionManifest
 from manifests.topic import load_topic_manifest
 from tiered.errors import TieredError
@@ -127,7 +131,7 @@ class ManifestView:
             self.refresh(key)
             return hit[1]
         try:
-            m, etag = self.manifests.load(topic, partition, revision)
+            m = self._load(topic, partition, revision)
         except StoreError as exc:
             # Objects a newer manifest dropped outlive it by the GC grace period, so a head
             # younger than that still names readable objects: keep serving from it (and the
@@ -137,7 +141,7 @@ class ManifestView:
             log.warning("%s-%d: cannot refresh the manifest (%s); serving from the one read "
                         "%.0f s ago", topic, partition, exc, now - hit[0])
             return hit[1]
-        if etag is None or m.last_offset < 0:
+        if m is None or m.last_offset < 0:
             self.heads.pop(key)
             if required:
                 raise UnknownPartition(
@@ -148,6 +152,31 @@ class ManifestView:
         self.heads.put(key, (now, m))
         return m
 
+    def _load(self, topic: str, partition: int, revision: str) -> PartitionManifest | None:
+        """The head as reads see it: the stored one, else (missing or unreadable) its newest
+        copy; None when the bucket holds neither. Never writes: restoring the head is a
+        writer's (the archiver's next round or housekeeping pass)."""
+        try:
+            m, etag = self.manifests.load(topic, partition, revision)
+        except CorruptManifest as exc:
+            copy = self._copy(topic, partition, revision, f"unreadable ({exc.reason})")
+            if copy is None:
+                raise
+            return copy
+        if etag is None:
+            return self._copy(topic, partition, revision, "missing")
+        return m
+
+    def _copy(self, topic: str, partition: int, revision: str, why: str
+              ) -> PartitionManifest | None:
+        head_key = keys.partition_manifest_key(topic, partition, revision)
+        copy = self.manifests.head_copies.newest_copy(head_key)
+        if copy is not None:
+            log.warning("%s: the head manifest is %s; reads are served from its copy at "
+                        "sequence %d (offsets %d..%d) until a writer restores it", head_key,
+                        why, copy.sequence, copy.log_start_offset, copy.last_offset)
+        return copy
+
     def refresh(self, key: HeadKey) -> None:
         """Read the head manifest `key` names again on a thread of its own (one at a time per
         key), `REFRESH_AFTER_S` from now; the next fetch finds it cached. A failure keeps the
@@ -157,11 +186,11 @@ class ManifestView:
             topic, partition, revision = key
             started = self._clock()  # its age: the bucket may change while it is read
             try:
-                m, etag = self.manifests.load(topic, partition, revision)
+                m = self._load(topic, partition, revision)
                 cached = self.heads.get(key)
                 if cached is not None and cached[0] > started:
                     return  # a fetch read a newer one meanwhile: keep that
-                if etag is not None and m.last_offset >= 0:
+                if m is not None and m.last_offset >= 0:
                     self.heads.put(key, (started, m))
                 else:  # gone from the bucket: the next fetch finds out itself
                     self.heads.pop(key)

@@ -75,6 +75,24 @@ class HeadCopies:
         except StoreError as exc:
             log.warning("%s: could not write the head's copy: %s", m.key, exc)
 
+    def newest_copy(self, key: str) -> PartitionManifest | None:
+        """The newest readable copy of the head at `key`, read-only: what a reader serves
+        while the head is missing or unreadable and no writer has restored it yet. None when
+        no slot holds one. Its objects are not checked here (a restore lists them first); a
+        read of one that is gone fails as any read of a missing object does."""
+        found: list[PartitionManifest] = []
+        for copy_key in keys.head_copy_keys(key):
+            try:
+                m = decode_partition_manifest(self.store.get(copy_key), key=key)
+            except ObjectNotFound:
+                continue
+            except CorruptManifest as exc:
+                log.warning("%s: the copy %s is unreadable: %s", key, copy_key, exc)
+                continue
+            if m.key == key:
+                found.append(m)
+        return max(found, key=lambda c: c.sequence, default=None)
+
     def lost_history(self, empty: PartitionManifest) -> str | None:
         """For a partition whose head `load` found missing, read-only (describe-storage): what
         says the head was lost (copies, or objects of ours below offset 0's head), None when

@@ -9,12 +9,13 @@ from support.remote import CountingStore
 from support.waiting import wait_until
 
 from cache.manifest_view import ManifestView, UnknownPartition
-from manifests import edits
+from manifests import edits, keys
 from manifests.commit import ManifestStore
+from manifests.errors import CorruptManifest
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from tiered.store.base import ObjectStore
-from tiered.store.errors import StoreError
+from tiered.store.errors import ObjectNotFound, StoreError
 
 TOPIC = "orders"
 
@@ -99,3 +100,60 @@ def test_a_partition_with_nothing_in_the_bucket(
     assert mv.head(TOPIC, 3, None, required=False) is None
     with pytest.raises(UnknownPartition):
         mv.head(TOPIC, 3, None, required=True)
+
+
+# --- a head the bucket lost or garbled: reads go on from its copy -----------------------------
+
+HEAD_KEY = keys.partition_manifest_key(TOPIC, 0, "0")
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbled"])
+def test_a_lost_or_garbled_head_is_read_from_its_newest_copy_without_a_write(
+        file_store: ObjectStore, view: tuple[ManifestView, _Down, _Clock], damage: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A partition whose head the bucket lost is not a partition with no history: reads are
+    served from the newest copy (the last commit's), and the reader writes nothing (restoring
+    the head is a writer's)."""
+    mv, counting, _clock = view
+    _commit(file_store, 9)
+    _commit(file_store, 19)
+    if damage == "missing":
+        file_store.delete_many([HEAD_KEY])
+    else:
+        file_store.put(HEAD_KEY, b"{not json")
+    counting.calls.clear()
+    m = mv.head(TOPIC, 0, None, required=True)
+    assert m is not None and (m.log_start_offset, m.last_offset) == (0, 19)
+    said = "missing" if damage == "missing" else "unreadable (not a valid JSON manifest"
+    assert f"the head manifest is {said}" in caplog.text
+    assert "sequence" in caplog.text
+    assert "put" not in counting.calls and "delete" not in counting.calls
+    if damage == "missing":
+        with pytest.raises(ObjectNotFound):
+            file_store.get(HEAD_KEY)
+
+
+def test_the_newest_copy_wins_and_an_unreadable_one_is_passed_over(
+        file_store: ObjectStore, view: tuple[ManifestView, _Down, _Clock]) -> None:
+    mv, _counting, _clock = view
+    for last in (9, 19, 29):
+        _commit(file_store, last)
+    newest = ManifestStore(file_store).load(TOPIC, 0, "0")[0]
+    file_store.delete_many([HEAD_KEY])
+    m = mv.head(TOPIC, 0, None, required=True)
+    assert m is not None and m.last_offset == 29
+    # the newest copy garbled: the other slot's, one commit older, serves
+    file_store.put(keys.head_copy_key(HEAD_KEY, newest.sequence), b"garbage")
+    mv.heads.pop((TOPIC, 0, "0"))
+    m = mv.head(TOPIC, 0, None, required=True)
+    assert m is not None and m.last_offset == 19
+
+
+def test_a_garbled_head_without_a_copy_is_an_error_not_an_empty_partition(
+        file_store: ObjectStore, view: tuple[ManifestView, _Down, _Clock]) -> None:
+    mv, _counting, _clock = view
+    _commit(file_store, 9)
+    file_store.delete_many(keys.head_copy_keys(HEAD_KEY))
+    file_store.put(HEAD_KEY, b"{not json")
+    with pytest.raises(CorruptManifest):
+        mv.head(TOPIC, 0, None, required=False)

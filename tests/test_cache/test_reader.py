@@ -161,6 +161,22 @@ def test_corrupt_segment_object_is_refused_never_served(remote_copy: Fixture) ->
         assert reader.fetch(TOPIC, 0, last[0], 0).data == last[2]
 
 
+def test_a_head_the_bucket_lost_is_read_from_its_copy_not_taken_for_no_history(
+        remote_copy: Fixture) -> None:
+    """With the head manifest gone (no writer has restored it yet), the earliest offset is
+    still the bucket's and every archived offset still reads back: from the head's copy, with
+    nothing written by the reader."""
+    fx = remote_copy
+    (head_key,) = [i.key for i in fx.store.list("") if i.key.endswith("/manifest.json")]
+    fx.store.delete_many([head_key])
+    with fx.reader() as reader:
+        assert reader.earliest_offset(TOPIC, 0) == 0
+        got = reader.fetch(TOPIC, 0, 0, 10 * 1024 * 1024)
+        assert got.data == b"".join(b[2] for b in fx.image.batches)
+        assert got.source == "remote"
+    assert not fx.store.exists(head_key)
+
+
 def test_a_fetch_serves_the_batches_before_a_missing_object_then_fails_at_it(
     remote_copy: Fixture,
 ) -> None:

@@ -4,7 +4,8 @@ collection of replaced segments, expired archived manifests and orphans
 
 `RemoteHousekeeper` decides from the bucket as it is now, never from the cursor's copy (another
 writer may have committed since); a partition whose last full housekeeping found nothing
-waiting, and whose head has nothing due, is only proven unchanged (one HEAD): `quiet`.
+waiting, less than a GC grace period ago, and whose head has nothing due costs no request
+until then: `quiet`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from archiver.uploader import UploadOutcome
 from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import HistoryWithoutHead, ManifestConflict, StaleTerm
-from manifests.manifest import PartitionManifest
 from tiered.config import TopicConfig
 from tiered.errors import TieredError
 from tiered.kafka.checkpoints import TopicPartition
@@ -104,16 +104,9 @@ class RemoteHousekeeper:
             self._stats.remote_deleted_objects_total += report.deleted_remote_objects
         return report
 
-    def partition(self, state: PartitionState, *, committed: str | None = None
-                  ) -> tuple[PartitionReport | None, int]:
-        """The partition's housekeeping row (None: not housekept) and objects it deleted.
-
-        `committed`: the head version (ETag) the caller's upload round committed just now
-        (`Archiver.run_once` housekeeps each partition right after its round). A quiet
-        partition still at that version needs no HEAD: the commit's compare-and-swap proved
-        the bucket held it a moment ago, as the HEAD would, and the quiet path deletes
-        nothing. A head lost after that is found by the next pass, as one lost after the
-        HEAD would be (docs/operations.md, "Sizing")."""
+    def partition(self, state: PartitionState) -> tuple[PartitionReport | None, int]:
+        """The partition's housekeeping row (None: not housekept) and objects it deleted; a
+        quiet partition sends no request (`quiet`)."""
         tp = state.tp
         row = PartitionReport(tp.topic, tp.partition, decision="housekept")
         with state.lock:
@@ -130,17 +123,12 @@ class RemoteHousekeeper:
                 if self.spread_first_full_pass and tp not in self._seen:
                     self._seen.add(tp)
                     self.spread_first_pass(state, now)
+                if self.quiet(state, limits, now):
+                    return row, 0
                 # from the bucket as it is now, never the cursor's copy: another writer (a
-                # merge, a second daemon) may have committed since the cursor last looked;
-                # a quiet partition's copy is only proven unchanged (one HEAD)
-                unchanged = self.quiet(state, limits, now)
-                if (unchanged is not None and committed is not None
-                        and unchanged[1] == committed):
-                    return row, 0
+                # merge, a second daemon) may have committed since the cursor last looked
                 out = self.gc.housekeep(state.target(), term=state.term, limits=limits,
-                                        now_ms=now, unchanged=unchanged)
-                if out.quiet:
-                    return row, 0
+                                        now_ms=now)
             except StaleTerm as err:
                 state.fenced_by = fencing_term(self.mstore, state)
                 self.ownership.lost(state.pid)
@@ -183,30 +171,34 @@ class RemoteHousekeeper:
                 1, self.gc.grace_ms)
 
     def quiet(self, state: PartitionState, limits: RetentionLimits | None, now_ms: int
-               ) -> tuple[PartitionManifest, str] | None:
-        """The head this process holds when housekeeping has nothing to do on it as long as
-        the bucket still holds that version (`GarbageCollector.housekeep` proves it with one
-        HEAD): the last full housekeeping found nothing waiting (no young orphans, no fault)
-        less than a GC grace period ago and left this version, or every round since only
-        added objects it committed; and the version has nothing due: no replaced segments,
-        no expired archives, nothing remote retention would cut. An orphan another writer
-        left (a fenced holder's late upload, a merge that never committed) waits for the
-        next full pass, at most one grace period away: it could not be collected sooner."""
+              ) -> bool:
+        """Whether housekeeping has nothing to do on the partition until its next full pass,
+        so this pass sends no request for it: the last full housekeeping found nothing
+        waiting (no young orphans, no fault) less than a GC grace period ago and left the head
+        version this process holds, or every round since only added objects it committed;
+        and that version has nothing due (no replaced segments, no expired archives, nothing
+        remote retention would cut).
+
+        What waits for the next full pass, at most one grace period away: an orphan another
+        writer left (a fenced holder's late upload, a merge that never committed), which
+        could not be collected sooner; replaced segments of another writer's commit, which
+        wait out a grace period anyway; and a head the bucket lost or garbled, which this
+        process's next commit also finds (its compare-and-swap fails) and which readers serve
+        from its copy meanwhile (docs/format.md, "Losing objects")."""
         cursor = state.cursor
         m, etag = cursor.manifest, cursor.etag
         if (m is None or etag is None or not cursor.loaded or etag != state.housekept_etag
                 or now_ms - state.housekept_ms >= self.gc.grace_ms):
-            return None
+            return False
         if m.replaced or edits.expired_archives(m):
-            return None
+            return False
         if limits is not None and (limits.ms is not None or limits.bytes is not None):
             if m.archives:
-                return None  # the history is in archived manifests: read them to decide
+                return False  # the history is in archived manifests: read them to decide
             start = retention_start_offset(lambda: m.segments, limits, now_ms)
             if start is not None and start > m.log_start_offset:
-                return None
-        return m, etag
-
+                return False
+        return True
 
     def _lost_history(self, tp: TopicPartition, lost: bool) -> None:
         """Keep the set of partitions whose housekeeping found lost history (a metric)."""

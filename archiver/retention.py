@@ -34,7 +34,6 @@ from manifests.commit import ManifestStore
 from manifests.errors import CorruptManifest
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
-from tiered.errors import TieredError
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +97,6 @@ class HousekeepingOutcome:
     lost_history: bool = False
     #: orphans too young to collect yet, or deferred: a later pass has work here
     waiting: bool = False
-    #: the head was still the version the caller called quiet: nothing was read or done
-    quiet: bool = False
 
 
 class GarbageCollector:
@@ -121,24 +118,13 @@ class GarbageCollector:
         term: int,
         limits: RetentionLimits | None,
         now_ms: int,
-        unchanged: tuple[PartitionManifest, str] | None = None,
     ) -> HousekeepingOutcome:
         """Retention, replaced-segment GC, expired archives and orphans for one partition, as
         a writer of `term`. Raises `StaleTerm` when a newer writer owns the partition and
         `ManifestContention` when its commits kept losing races (the caller retries next
         pass); store faults are reported in the outcome and leave the manifest consistent.
-
-        `unchanged`: a head version on which the caller knows there is nothing to do; while
-        the bucket still holds it (one HEAD: same ETag) the pass ends there (`quiet`). A
-        head deleted, garbled or replaced meanwhile gets the full pass: restored from its
-        copy or the partition stopped within one pass (docs/format.md, "Losing objects")."""
-        if unchanged is not None:
-            try:
-                if self.store.head(unchanged[0].key).etag == unchanged[1]:
-                    return HousekeepingOutcome(*unchanged, quiet=True)
-            except (TieredError, OSError) as err:
-                log.debug("%s: could not check the head (%s); housekeeping it in full",
-                          unchanged[0].key, err)
+        A head deleted or garbled is restored from its copy or the partition stopped
+        (docs/format.md, "Losing objects")."""
         try:
             m, etag = self.mstore.load(target.topic, target.partition, target.revision)
         except CorruptManifest:

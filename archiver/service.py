@@ -469,12 +469,7 @@ class Archiver:
 
             def after(first: bool, state: PartitionState, row: PartitionReport) -> None:
                 if first or row.uploaded_segments:
-                    # the version this round committed, if it committed: its compare-and-swap
-                    # is the proof a HEAD would give (`RemoteHousekeeper.partition`)
-                    committed = (state.cursor.etag if row.uploaded_segments and row.error is None
-                                 else None)
-                    housekept[state.tp] = pool.submit(self.housekeeper.partition, state,
-                                                      committed=committed)
+                    housekept[state.tp] = pool.submit(self.housekeeper.partition, state)
 
             report = last = self.upload_round(functools.partial(after, True))
             while any(p.uploaded_segments for p in last.partitions) and not self.stopping():

@@ -121,10 +121,11 @@ def test_a_round_shares_one_commit_among_its_segments(tmp_path: Path) -> None:
                             ("put", "head"): PARTITIONS, ("put", "copy"): PARTITIONS})
 
 
-def test_an_idle_partition_costs_no_request_but_one_head_per_housekeeping(
+def test_an_idle_partition_costs_no_request_until_its_next_full_pass(
         tmp_path: Path) -> None:
     config, store = setup(tmp_path)
-    archiver = Archiver(config, store, disk_usage=Disk())
+    clock = Clock()
+    archiver = Archiver(config, store, disk_usage=Disk(), clock=clock)
     keeper = member(config, store, archiver)
     keeper.tick()
     archiver.run_once()
@@ -139,8 +140,12 @@ def test_an_idle_partition_costs_no_request_but_one_head_per_housekeeping(
     # the keeper's one listing per tick (and a renewal when due): nothing per partition
     assert {k for k in seen if k[1] != "node"} == set()
     assert seen[("list", "node")] == 3
+    # nor in housekeeping, until a GC grace period after the last full pass
     archiver.housekeeping()
-    assert store.take() == Counter({("head", "head"): PARTITIONS})
+    assert store.take() == Counter()
+    clock.advance(config.cluster_int("cloud_storage_gc_grace_period_ms") / 1000)
+    archiver.housekeeping()
+    assert per_partition(store.take())[("list", "partition")] == 1
 
 
 def test_a_restart_reads_each_lease_and_head_once_and_writes_nothing(tmp_path: Path) -> None:
@@ -171,11 +176,11 @@ def test_a_one_shot_pass_housekeeps_the_heads_it_just_committed_without_a_reques
     # proved the version, so no listing, read or HEAD of its own
     assert seen[("list", "partition")] == 1
     assert ("head", "head") not in seen and ("get", "head") not in seen
-    # a pass that commits nothing proves the head it holds with one HEAD, as before
+    # nor does a pass that commits nothing
     report = archiver.run_once()
     assert report.ok, report.errors
     assert not any(p.uploaded_segments for p in report.partitions)
-    assert per_partition(store.take()) == {("head", "head"): 1}
+    assert per_partition(store.take()) == {}
 
 
 def test_a_restarted_daemon_spreads_the_first_full_passes_over_a_grace_period(
@@ -195,11 +200,11 @@ def test_a_restarted_daemon_spreads_the_first_full_passes_over_a_grace_period(
     # `archive --once` and a bare archiver: the first housekeeping is a full pass for all
     restarted(False).housekeeping()
     assert per_partition(store.take())[("list", "partition")] == 1
-    # the daemon: one HEAD each at first, then each partition's full pass at its own point
-    # of the next grace period, exactly once
+    # the daemon: no request at first, then each partition's full pass at its own point of
+    # the next grace period, exactly once
     again = restarted(True)
     again.housekeeping()
-    assert store.take() == Counter({("head", "head"): PARTITIONS})
+    assert store.take() == Counter()
     grace_s = config.cluster_int("cloud_storage_gc_grace_period_ms") / 1000
     full = 0
     for _ in range(8):

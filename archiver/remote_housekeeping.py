@@ -161,9 +161,10 @@ class RemoteHousekeeper:
         its name, when this process holds its head: its first full pass then comes within
         one grace period, and a restart at thousands of partitions lists and reads them
         over that period instead of all at once (docs/operations.md, "An idle partition").
-        What it delays is only the collection of orphans, by at most one grace period, which
-        costs their storage and nothing else: a head lost or changed, or anything due in it
-        (replaced segments, retention), still ends the quiet path at the next pass."""
+        What it delays, by at most one grace period, is what any quiet partition leaves to
+        its next full pass (`quiet`): orphans, another writer's replaced segments and the
+        restore of a head lost after the start read it; anything due in the head it read
+        (replaced segments, retention) still ends the quiet path at the next pass."""
         cursor = state.cursor
         if state.housekept_etag is None and cursor.loaded and cursor.etag is not None:
             state.housekept_etag = cursor.etag

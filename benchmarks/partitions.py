@@ -15,7 +15,9 @@ bucket:
    its CPU over `--idle-s` seconds (percent of one core, and per 1,000 partitions), its RSS,
    and the store requests it made meanwhile (its `tiered_lease_requests_total` and the
    server's request log are not needed: the daemon's own store counters); last, the time from
-   SIGTERM to its exit;
+   SIGTERM to its exit. `--housekeeping-interval-s` shortens the daemon's housekeeping interval
+   (`cloud_storage_housekeeping_interval_ms`, 5 minutes by default) so that the idle window
+   holds several housekeeping passes and their requests (`idle_housekeeping_passes`);
 4. a busy stop: `tiered run` on a second, empty bucket (every partition to upload again),
    sent SIGTERM once its first segments are uploaded: the time to its exit and the segments
    it uploaded, of all it had to (a stop ends each pass with the partitions in flight).
@@ -167,14 +169,15 @@ def leases_held(daemon: DaemonProcess) -> float:
 
 
 def store_requests(daemon: DaemonProcess) -> float:
-    """The daemon's own count of requests to the bucket (its archiver's store counters)."""
+    """The daemon's own count of requests to the bucket: `tiered_store_attempts_total` of
+    every path (`archive`: the archiver, its housekeeping and the lease keeper; `read`)."""
     import urllib.request
 
     total = 0.0
     with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics",
                                 timeout=30) as response:
         for line in response.read().decode().splitlines():
-            if line.startswith("tiered_store_attempts_total") and 'path="write"' in line:
+            if line.startswith("tiered_store_attempts_total{"):
                 total += float(line.split()[-1])
     return total
 
@@ -226,15 +229,18 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
     return out
 
 
-def new_bucket(moto: MotoServer, bucket: str, workdir: Path, log_dir: Path, name: str
-               ) -> Path:
+def new_bucket(moto: MotoServer, bucket: str, workdir: Path, log_dir: Path, name: str,
+               housekeeping_ms: int | None = None) -> Path:
     """`bucket`, created, and the path of a daemon configuration `name`.toml over it and
     `log_dir` (a cache directory of its own)."""
     moto.create_bucket(bucket)
     config = workdir / f"{name}.toml"
+    cluster = "cloud_storage_upload_lease_ms = 30000"
+    if housekeeping_ms is not None:
+        cluster += f"\ncloud_storage_housekeeping_interval_ms = {housekeeping_ms}"
     config.write_text(daemon_config(
         bucket=bucket, endpoint=moto.endpoint, log_dir=log_dir, cache_dir=workdir / f"{name}-cache",
-        cluster="cloud_storage_upload_lease_ms = 30000"))
+        cluster=cluster))
     return config
 
 
@@ -278,7 +284,9 @@ def one_count(moto: MotoServer, partitions: int, args: argparse.Namespace) -> di
         write_log(log_dir, partitions)
         files = closed_files(log_dir)
         bucket = f"partitions-{partitions}-{uuid.uuid4().hex[:8]}"
-        config = new_bucket(moto, bucket, workdir, log_dir, "tiered")
+        housekeeping_ms = (None if args.housekeeping_interval_s is None
+                           else int(args.housekeeping_interval_s * 1000))
+        config = new_bucket(moto, bucket, workdir, log_dir, "tiered", housekeeping_ms)
         progress(f"{partitions} partitions: archive --once")
         once = archive_once(config)
         progress(f"{partitions} partitions: boto3 baseline")
@@ -286,6 +294,9 @@ def one_count(moto: MotoServer, partitions: int, args: argparse.Namespace) -> di
                               once["uploaded_segments"])
         progress(f"{partitions} partitions: tiered run")
         daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s)
+        if args.housekeeping_interval_s is not None:
+            daemon["idle_housekeeping_passes"] = int(args.idle_s
+                                                     // args.housekeeping_interval_s)
         progress(f"{partitions} partitions: a busy stop")
         busy = busy_stop(moto, workdir, log_dir, once["uploaded_segments"])
         return {
@@ -307,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=30.0,
                         help="seconds the idle daemon's CPU is measured over")
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
+    parser.add_argument("--housekeeping-interval-s", type=float, default=None,
+                        help="the daemon's housekeeping interval (default: the property's "
+                             "default, 5 minutes, longer than the idle window)")
     args = parser.parse_args(argv)
     runs = []
     with MotoServer() as moto:

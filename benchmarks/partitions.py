@@ -207,6 +207,7 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
                                           if held >= partitions else None)
         out["settle_s"] = daemon.settle(timeout_s=120)
         requests = store_requests(daemon)
+        out["start_store_requests"] = requests  # taking the leases, reading the heads
         cpu = daemon.cpu_s()
         time.sleep(idle_s)
         cpu = daemon.cpu_s() - cpu

@@ -141,3 +141,30 @@ def test_compact_benchmark_loses_nothing_beside_a_daemon() -> None:
     assert report["boto3_io"]["bytes_got"] == report["input_bytes"]
     assert report["daemon_beside"]["losses"] == 0 and report["daemon_beside"]["extra"] == 0
     assert report["ratio_vs_boto3_io"] is not None
+
+
+@pytest.mark.timeout(300)
+def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
+    """The partitions benchmark prints a partial report after each count, then the whole one;
+    the daemon's request counter must see its start (a lease and a head per partition at
+    least), or its idle figure would read 0 whatever the daemon did."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "partitions.py"), "--counts", "12", "--idle-s", "3",
+         "--housekeeping-interval-s", "1"],
+        capture_output=True, text=True, env=env, timeout=280, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    decoder, reports, pos = json.JSONDecoder(), [], 0
+    while proc.stdout[pos:].strip():
+        pos += len(proc.stdout[pos:]) - len(proc.stdout[pos:].lstrip())
+        report, pos = decoder.raw_decode(proc.stdout, pos)
+        reports.append(report)
+    assert reports[0]["partial"] is True and reports[-1]["benchmark"] == "partitions"
+    (run,) = reports[-1]["runs"]
+    once, daemon = run["archive_once"], run["daemon"]
+    assert once["ok"] and once["uploaded_segments"] == 2 * 12
+    assert daemon["leases_held"] == 12 and daemon["idle_housekeeping_passes"] == 3
+    assert daemon["start_store_requests"] >= 2 * 12
+    assert daemon["idle_store_requests"] >= 0 and daemon["stop_s"] is not None
+    assert run["busy_stop"]["segments_to_upload"] == 2 * 12

@@ -1,9 +1,9 @@
 """The compaction job's two passes over a segment, on record columns (`record_columns`): the
 key pass (`scan_keys`) and the cleaning pass (`clean_segment`). Same rules and results as
-`tiered.kafka.compaction.scan_keys` / `compact_segment`, which walk one record at a time; the
-decisions per record here are array operations, and the batches that lose some records are
-rebuilt from their survivors' bytes for a whole window at once (`_splice`, what
-`splice_batch` does for one batch).
+`tiered.kafka.compaction.compact_segment` and the tests' record-at-a-time key pass, which walk
+one record at a time; the decisions per record here are array operations, and the batches
+that lose some records are rebuilt from their survivors' bytes for a whole window at once
+(`_splice`, what `splice_batch` does for one batch).
 """
 
 from __future__ import annotations

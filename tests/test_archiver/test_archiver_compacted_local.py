@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.compaction_reference import KeyEvent, scan_segment
 from support.configs import config_over
 from support.remote import TOPIC, archive
 
@@ -31,12 +32,7 @@ from manifests import ManifestSettings, ManifestStore, PartitionManifest
 from manifests.topic import iter_topic_manifest_keys
 from tiered.config import Config
 from tiered.kafka.checkpoints import TopicPartition
-from tiered.kafka.compaction import (
-    KeyEvent,
-    ProducerEvent,
-    compact_segment,
-    scan_segment,
-)
+from tiered.kafka.compaction import ProducerEvent, compact_segment
 from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
 from tiered.kafka.records import iter_batch_headers, iter_batches
 from tiered.kafka.segment import build_indexes, parse_segment_file_name

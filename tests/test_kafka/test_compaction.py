@@ -13,18 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
+from support.compaction_reference import KeyEvent, key_hash, scan_segment
 
 from tiered.kafka.builder import control_record, encode_batch
 from tiered.kafka.compaction import (
     ABORTED,
     IN_DOUBT,
-    KeyEvent,
     ProducerEvent,
     SegmentCleaning,
     compact_segment,
     empty_batch,
-    key_hash,
-    scan_segment,
     transaction_flags,
 )
 from tiered.kafka.records import DELETE_HORIZON_MASK, Record, iter_batches

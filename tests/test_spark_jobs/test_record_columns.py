@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import compaction_reference
 
 from spark_jobs import compact_columns, record_columns
 from spark_jobs.compact_exec import reduce_bucket
@@ -234,7 +235,7 @@ def test_damaged_records_are_refused_as_skim_records_refuses_them(damage: str) -
     _recrc(data, h.position)
     blob = bytes(data)
     with pytest.raises(CorruptSegmentError) as want:
-        compaction.scan_keys(blob)
+        compaction_reference.scan_keys(blob)
     with pytest.raises(CorruptSegmentError) as got:
         record_columns.record_columns(blob, data_headers(blob))
     assert str(got.value) == str(want.value)
@@ -255,7 +256,7 @@ def windows(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 def test_key_pass_finds_the_latest_offsets_record_at_a_time_finds(seed: int,
                                                                    windows: None) -> None:
     data = segment(seed, MIN_LANES * 2, codecs=("none", "lz4"), transactions=True)
-    want = compaction.scan_keys(data)
+    want = compaction_reference.scan_keys(data)
     got = compact_columns.scan_keys(data)
     assert sorted(got.offsets.tolist()) == sorted(want.latest.values())
     assert len({bytes(i) for i in got.ids}) == len(got.ids)
@@ -307,8 +308,8 @@ def _one_pass(segments: list[bytes], now: int, column: bool
     producers: dict[int, list[compaction.ProducerEvent]] = defaultdict(list)
     txn: list[tuple[int, bytes, int]] = []
     for seg in segments:
-        for ev in compaction.scan_segment(seg):
-            if isinstance(ev, compaction.KeyEvent):
+        for ev in compaction_reference.scan_segment(seg):
+            if isinstance(ev, compaction_reference.KeyEvent):
                 if ev.txn_batch is None:
                     keys[ev.hash] = max(keys.get(ev.hash, -1), ev.offset)
                 else:

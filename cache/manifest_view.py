@@ -94,6 +94,9 @@ class ManifestView:
         #: set by `close`: no refresh starts after it
         self._closing = False
         self.heads: Lru[HeadKey, tuple[float, PartitionManifest]] = Lru(1024)
+        #: head key -> sequence of the copy last served in its place and warned about: a lost
+        #: head is re-read every TTL, so its warning would otherwise repeat every second
+        self._copies_served: Lru[str, int] = Lru(1024)
         self._revisions: Lru[str, tuple[float, str, int | None]] = Lru(1024)
         self._lock = threading.Lock()
 
@@ -172,9 +175,12 @@ class ManifestView:
         head_key = keys.partition_manifest_key(topic, partition, revision)
         copy = self.manifests.head_copies.newest_copy(head_key)
         if copy is not None:
-            log.warning("%s: the head manifest is %s; reads are served from its copy at "
-                        "sequence %d (offsets %d..%d) until a writer restores it", head_key,
-                        why, copy.sequence, copy.log_start_offset, copy.last_offset)
+            said = self._copies_served.get(head_key) == copy.sequence
+            self._copies_served.put(head_key, copy.sequence)
+            log.log(logging.DEBUG if said else logging.WARNING,
+                    "%s: the head manifest is %s; reads are served from its copy at sequence "
+                    "%d (offsets %d..%d) until a writer restores it", head_key, why,
+                    copy.sequence, copy.log_start_offset, copy.last_offset)
         return copy
 
     def refresh(self, key: HeadKey) -> None:

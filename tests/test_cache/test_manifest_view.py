@@ -4,6 +4,8 @@ in the background past it, served through a store outage while younger than the 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from support.remote import CountingStore
 from support.waiting import wait_until
@@ -114,7 +116,7 @@ def test_a_lost_or_garbled_head_is_read_from_its_newest_copy_without_a_write(
     """A partition whose head the bucket lost is not a partition with no history: reads are
     served from the newest copy (the last commit's), and the reader writes nothing (restoring
     the head is a writer's)."""
-    mv, counting, _clock = view
+    mv, counting, clock = view
     _commit(file_store, 9)
     _commit(file_store, 19)
     if damage == "missing":
@@ -128,6 +130,13 @@ def test_a_lost_or_garbled_head_is_read_from_its_newest_copy_without_a_write(
     assert f"the head manifest is {said}" in caplog.text
     assert "sequence" in caplog.text
     assert "put" not in counting.calls and "delete" not in counting.calls
+    # read again past the TTL: served from the copy again, the warning not repeated
+    caplog.clear()
+    clock.now += 2
+    again = mv.head(TOPIC, 0, None, required=True)
+    assert again is not None and again.last_offset == 19
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING
+                and "served from its copy" in r.getMessage()]
     if damage == "missing":
         with pytest.raises(ObjectNotFound):
             file_store.get(HEAD_KEY)

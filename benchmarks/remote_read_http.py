@@ -47,7 +47,9 @@ moto reads the whole object for every GET, ranged or not (a 1 MiB range of a 64 
 costs about what the whole object does). Each figure therefore compares like with like where it
 can: the sequential baseline is one GET, as tiered's read-ahead stream from byte 0 is one GET,
 and the cold baseline is the same single ranged GET tiered makes. `moto_get_ms` reports the
-cost of a 1-byte ranged GET of the segment object, the floor of every GET here.
+cost of a 1-byte ranged GET of the segment object, the floor of every GET here. The consumers
+and the boto3 baselines run in this process: each throughput figure's clocks start with the
+harness's own objects collected and frozen (`settle_heap`), so no contender pays for them.
 
 Every session starts on segments no other session touched: a session reading towards the end
 of its segment reads ahead into the next one, so a run starting on a segment another session
@@ -92,6 +94,7 @@ from _common import (
     free_port,
     own_cpu_s,
     progress,
+    settle_heap,
     versions,
 )
 
@@ -883,9 +886,11 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
     runs: list[dict[str, Any]] = []
     for segment in roles.sequential:  # each its own segment, baseline first
         daemon.settle()  # the last run's read-ahead into the next segment is over
+        settle_heap()
         with CpuUse(run.moto, None) as base_cpu:
             total, took = run.boto3_stream(segment)
         space = run.space_for([segment])  # outside the CPU figures, as boto3's buffers are
+        settle_heap()
         with CpuUse(run.moto, daemon) as use:
             mine, mine_s, pieces = run.read_segments(daemon.port, f"sequential{segment}",
                                                      [segment], space)
@@ -913,9 +918,11 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
 
     progress(f"a consumer catching up over {CATCH_UP} segments")
     daemon.settle()
+    settle_heap()
     start = time.perf_counter()
     total = sum(run.boto3_stream(segment)[0] for segment in roles.catch_up)
     took = time.perf_counter() - start
+    settle_heap()
     cpu0 = daemon.cpu_s()
     mine, mine_s = run.consume(daemon.port, "catch-up", roles.catch_up)
     cpu = daemon.cpu_s() - cpu0
@@ -927,9 +934,11 @@ def measure(run: Run, daemon: DaemonProcess, args: argparse.Namespace) -> dict[s
 
     progress(f"{CONSUMERS} concurrent consumers")
     targets = roles.concurrent
+    settle_heap()
     with CpuUse(run.moto, None) as base_cpu:
         ranged, ranged_s = run.parallel(lambda i: run.boto3_ranged(targets[i]), CONSUMERS)
     daemon.settle()
+    settle_heap()
     with CpuUse(run.moto, daemon) as use:
         reads, took = run.parallel(
             lambda i: run.read_segments(daemon.port, f"c{i}", [targets[i]]), CONSUMERS)

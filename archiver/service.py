@@ -87,6 +87,9 @@ log = logging.getLogger(__name__)
 #: partitions housekept at once while a one-shot pass is still uploading: few, since they
 #: share the connection pool with the uploads
 PASS_HOUSEKEEPING_WORKERS = 2
+#: topic manifests saved at once after an upload round (`save_topic_manifests`), within the
+#: store's connection pool (`cloud_storage_max_connections`, 20 by default)
+TOPIC_MANIFEST_SAVES = 16
 
 __all__ = ["Archiver", "ArchiverStats", "PartitionReport", "PassReport", "revision_of", "term_of"]
 
@@ -538,13 +541,17 @@ class Archiver:
 
 def save_topic_manifests(store: ObjectStore, states: list[PartitionState],
                          topic_config: Callable[[str], TopicConfig],
-                         saved: dict[tuple[str, str], TopicManifest]) -> list[str]:
+                         saved: dict[tuple[str, str], TopicManifest], *,
+                         concurrency: int = TOPIC_MANIFEST_SAVES) -> list[str]:
     """Write each archived topic's manifest the first time and whenever its settings
     change (recovery enumerates topics by these); `saved` holds what was written, by
-    (topic, revision). Returns the errors, one per topic."""
+    (topic, revision). Returns the errors, one per topic, in topic order.
+
+    Topics are saved `concurrency` at a time: each is a read and a compare-and-swap of its
+    own object, and a one-shot pass (which starts with nothing `saved`) over a thousand
+    topics would otherwise wait for two thousand round trips one after another."""
     counts: dict[tuple[str, str], int] = {}
     archived: set[tuple[str, str]] = set()
-    errors: list[str] = []
     for s in states:
         key = (s.tp.topic, s.revision)
         # every local partition counts, uploaded here or by another node's lease
@@ -552,16 +559,34 @@ def save_topic_manifests(store: ObjectStore, states: list[PartitionState],
         m = s.cursor.manifest
         if m is not None and m.last_offset >= 0:
             archived.add(key)
+    errors: dict[tuple[str, str], str] = {}
+    todo: list[TopicManifest] = []
     for (topic, revision), count in sorted((k, counts[k]) for k in archived):
         try:
             tm = TopicManifest.from_topic_config(
                 topic_config(topic), revision=revision, partition_count=count)
-            if saved.get((topic, revision)) != tm:
-                save_topic_manifest(store, tm)
-                saved[topic, revision] = tm
         except TieredError as err:
-            errors.append(f"{topic}: saving the topic manifest: {err}")
-    return errors
+            errors[topic, revision] = f"{topic}: saving the topic manifest: {err}"
+            continue
+        if saved.get((topic, revision)) != tm:
+            todo.append(tm)
+
+    def save(tm: TopicManifest) -> str | None:
+        try:
+            save_topic_manifest(store, tm)
+        except TieredError as err:
+            return f"{tm.topic}: saving the topic manifest: {err}"
+        return None
+
+    if todo:
+        with ThreadPoolExecutor(max(1, min(concurrency, len(todo))),
+                                thread_name_prefix="topic-manifest") as pool:
+            for tm, error in zip(todo, pool.map(save, todo), strict=True):
+                if error is None:
+                    saved[tm.topic, tm.revision] = tm
+                else:
+                    errors[tm.topic, tm.revision] = error
+    return [errors[k] for k in sorted(errors)]
 
 
 def _node_name(config: Config) -> str | None:

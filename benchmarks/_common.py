@@ -425,17 +425,16 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def daemon_config(*, bucket: str, endpoint: str, log_dir: Path, cache_dir: Path,
+def daemon_config(*, bucket: str, endpoint: str | None, log_dir: Path, cache_dir: Path,
                   cluster: str, sections: str = "") -> str:
     """A `tiered run` configuration over moto for the read benchmarks: `cluster` holds the
-    [cluster] lines, `sections` any other sections (e.g. [kafka])."""
+    [cluster] lines, `sections` any other sections (e.g. [kafka]). With no `endpoint`,
+    `bucket` is a directory: a file:// bucket."""
+    storage = (f'url = "file://{bucket}"\n' if endpoint is None else
+               f'url = "s3://{bucket}"\nendpoint_url = "{endpoint}"\nregion = "us-east-1"\n'
+               'access_key = "testing"\nsecret_key = "testing"\n')
     return (f"""[storage]
-url = "s3://{bucket}"
-endpoint_url = "{endpoint}"
-region = "us-east-1"
-access_key = "testing"
-secret_key = "testing"
-
+{storage}
 [log]
 dirs = ["{log_dir}"]
 retention = "advise"

@@ -24,15 +24,22 @@ bucket:
 
 The machine is shared and small: moto competes with the sidecar for the same two cores,
 so absolute figures are the server's more than ours; the ratios and the per-partition
-request counts are what carry over.
+request counts are what carry over. moto also walks every key of a bucket for each prefix
+listing, so its listings slow down as the bucket grows. `--store file` runs everything on
+file:// buckets instead (the embedded default: a directory, a listing of a partition reads
+only that partition's directories). The baseline is then the same writes of the same files,
+with the same concurrency, through the same file store. This shows what the sidecar itself
+can do when the store is not the bound.
 
     python benchmarks/partitions.py --counts 200            # a quick look
     python benchmarks/partitions.py                         # 1k / 5k / 10k (long)
+    python benchmarks/partitions.py --store file --counts 10000
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -138,21 +145,89 @@ def archive_once(config_path: Path) -> dict[str, Any]:
     }
 
 
-def boto3_baseline(moto: MotoServer, bucket: str, files: list[Path], concurrency: int,
-                   segments: int) -> dict[str, Any]:
-    """The same PUTs with the same concurrency, by a plain boto3 script."""
-    moto.create_bucket(bucket)
-    client = moto.client(max_pool_connections=concurrency)
+class MotoBuckets:
+    """Buckets on the moto server; the baseline is a plain boto3 script."""
 
-    def put(path: Path) -> None:
-        client.put_object(Bucket=bucket, Key=f"{path.parent.name}/{path.name}",
-                          Body=path.read_bytes())
+    kind = "moto"
+    baseline_name = "boto3"
 
+    def __init__(self, moto: MotoServer) -> None:
+        self.moto = moto
+
+    def create(self, name: str) -> tuple[str, str | None]:
+        """(bucket, endpoint) for `daemon_config`."""
+        self.moto.create_bucket(name)
+        return name, self.moto.endpoint
+
+    def baseline(self, name: str, files: list[Path], concurrency: int,
+                 segments: int) -> dict[str, Any]:
+        """The same PUTs with the same concurrency, by a plain boto3 script."""
+        self.moto.create_bucket(name)
+        client = self.moto.client(max_pool_connections=concurrency)
+
+        def put(path: Path) -> None:
+            client.put_object(Bucket=name, Key=f"{path.parent.name}/{path.name}",
+                              Body=path.read_bytes())
+
+        return _timed_puts(put, files, concurrency, segments, client.close)
+
+    def segments_in(self, name: str) -> int:
+        client = self.moto.client()
+        try:
+            return sum(1 for page in client.get_paginator("list_objects_v2").paginate(
+                Bucket=name) for o in page.get("Contents", ()) if o["Key"].endswith(".log"))
+        finally:
+            client.close()
+
+    def reset(self) -> None:
+        self.moto.reset()
+
+
+class FileBuckets:
+    """file:// buckets (directories) under `root`; the baseline writes the same files through
+    the same store class the sidecar uses (`tiered.store.file.FileStore`)."""
+
+    kind = "file"
+    baseline_name = "file_store_puts"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def create(self, name: str) -> tuple[str, str | None]:
+        path = self.root / name
+        path.mkdir(parents=True)
+        return str(path), None
+
+    def baseline(self, name: str, files: list[Path], concurrency: int,
+                 segments: int) -> dict[str, Any]:
+        from tiered.store import StoreSettings, open_store
+
+        bucket, _ = self.create(name)
+        store = open_store(StoreSettings(url=f"file://{bucket}"), probe=False)
+
+        def put(path: Path) -> None:
+            store.put(f"{path.parent.name}/{path.name}", path.read_bytes())
+
+        return _timed_puts(put, files, concurrency, segments, store.close)
+
+    def segments_in(self, name: str) -> int:
+        return sum(1 for _ in (self.root / name).rglob("*.log"))
+
+    def reset(self) -> None:
+        for child in self.root.iterdir():
+            shutil.rmtree(child, ignore_errors=True)
+
+
+Buckets = MotoBuckets | FileBuckets
+
+
+def _timed_puts(put: Any, files: list[Path], concurrency: int, segments: int,
+                close: Any) -> dict[str, Any]:
     start = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(put, files))
     seconds = time.monotonic() - start
-    client.close()
+    close()
     return {"seconds": round(seconds, 1), "puts": len(files),
             "segments_per_s": round(segments / seconds, 1)}
 
@@ -190,7 +265,9 @@ def rss_mib(pid: int) -> float:
 
 
 def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
-               start_timeout_s: float) -> dict[str, Any]:
+               start_timeout_s: float, *, counted: bool = True) -> dict[str, Any]:
+    """`counted`: the daemon counts its store requests (an S3 store does, through its retry
+    layer; a file:// bucket does not, and its figures are then None, not 0)."""
     started = time.monotonic()
     daemon = DaemonProcess(config_path, workdir / "daemon.log")
     out: dict[str, Any] = {}
@@ -206,7 +283,7 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
         out["all_leases_held_after_s"] = (round(time.monotonic() - started, 1)
                                           if held >= partitions else None)
         out["settle_s"] = daemon.settle(timeout_s=120)
-        requests = store_requests(daemon)
+        requests = store_requests(daemon) if counted else None
         out["start_store_requests"] = requests  # taking the leases, reading the heads
         cpu = daemon.cpu_s()
         time.sleep(idle_s)
@@ -215,7 +292,8 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
         out["idle_cpu_percent_of_a_core"] = round(100 * cpu / idle_s, 2)
         out["idle_cpu_percent_per_1000_partitions"] = round(
             100 * cpu / idle_s * 1000 / partitions, 2)
-        out["idle_store_requests"] = store_requests(daemon) - requests
+        out["idle_store_requests"] = (None if requests is None
+                                      else store_requests(daemon) - requests)
         out["rss_mib"] = rss_mib(daemon.proc.pid)
     finally:
         stop = time.monotonic()
@@ -230,31 +308,29 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
     return out
 
 
-def new_bucket(moto: MotoServer, bucket: str, workdir: Path, log_dir: Path, name: str,
+def new_bucket(buckets: Buckets, bucket: str, workdir: Path, log_dir: Path, name: str,
                housekeeping_ms: int | None = None) -> Path:
     """`bucket`, created, and the path of a daemon configuration `name`.toml over it and
     `log_dir` (a cache directory of its own)."""
-    moto.create_bucket(bucket)
+    where, endpoint = buckets.create(bucket)
     config = workdir / f"{name}.toml"
     cluster = "cloud_storage_upload_lease_ms = 30000"
     if housekeeping_ms is not None:
         cluster += f"\ncloud_storage_housekeeping_interval_ms = {housekeeping_ms}"
     config.write_text(daemon_config(
-        bucket=bucket, endpoint=moto.endpoint, log_dir=log_dir, cache_dir=workdir / f"{name}-cache",
+        bucket=where, endpoint=endpoint, log_dir=log_dir, cache_dir=workdir / f"{name}-cache",
         cluster=cluster))
     return config
 
 
-def busy_stop(moto: MotoServer, workdir: Path, log_dir: Path, segments: int,
+def busy_stop(buckets: Buckets, workdir: Path, log_dir: Path, segments: int,
               timeout_s: float = 300.0) -> dict[str, Any]:
     """SIGTERM to a daemon in the middle of its first upload round: seconds to its exit."""
     bucket = f"busy-{uuid.uuid4().hex[:8]}"
-    config = new_bucket(moto, bucket, workdir, log_dir, "busy")
-    client = moto.client()
+    config = new_bucket(buckets, bucket, workdir, log_dir, "busy")
 
     def segments_in_bucket() -> int:
-        return sum(1 for page in client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket) for o in page.get("Contents", ()) if o["Key"].endswith(".log"))
+        return buckets.segments_in(bucket)
 
     daemon = DaemonProcess(config, workdir / "busy.log")
     try:  # the daemon's metrics are published after each round: the bucket tells sooner
@@ -271,12 +347,11 @@ def busy_stop(moto: MotoServer, workdir: Path, log_dir: Path, segments: int,
     finally:
         daemon.stop()
     done = segments_in_bucket()
-    client.close()
     return {"stop_s": stop_s, "segments_uploaded_before_exit": done,
             "segments_to_upload": segments}
 
 
-def one_count(moto: MotoServer, partitions: int, args: argparse.Namespace) -> dict[str, Any]:
+def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"tiered-partitions-{partitions}-"))
     try:
         log_dir = workdir / "logs"
@@ -287,29 +362,32 @@ def one_count(moto: MotoServer, partitions: int, args: argparse.Namespace) -> di
         bucket = f"partitions-{partitions}-{uuid.uuid4().hex[:8]}"
         housekeeping_ms = (None if args.housekeeping_interval_s is None
                            else int(args.housekeeping_interval_s * 1000))
-        config = new_bucket(moto, bucket, workdir, log_dir, "tiered", housekeeping_ms)
+        config = new_bucket(buckets, bucket, workdir, log_dir, "tiered", housekeeping_ms)
         progress(f"{partitions} partitions: archive --once")
         once = archive_once(config)
-        progress(f"{partitions} partitions: boto3 baseline")
-        base = boto3_baseline(moto, bucket + "-boto3", files, once["upload_concurrency"],
-                              once["uploaded_segments"])
+        progress(f"{partitions} partitions: {buckets.baseline_name} baseline")
+        base = buckets.baseline(bucket + "-baseline", files, once["upload_concurrency"],
+                                once["uploaded_segments"])
         progress(f"{partitions} partitions: tiered run")
-        daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s)
+        daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s,
+                            counted=buckets.kind == "moto")
         if args.housekeeping_interval_s is not None:
             daemon["idle_housekeeping_passes"] = int(args.idle_s
                                                      // args.housekeeping_interval_s)
         progress(f"{partitions} partitions: a busy stop")
-        busy = busy_stop(moto, workdir, log_dir, once["uploaded_segments"])
+        busy = busy_stop(buckets, workdir, log_dir, once["uploaded_segments"])
+        name = buckets.baseline_name
         return {
             "partitions": partitions,
+            "store": buckets.kind,
             "archive_once": once,
-            "boto3": base,
-            "throughput_vs_boto3": round(once["segments_per_s"] / base["segments_per_s"], 2),
+            name: base,
+            f"throughput_vs_{name}": round(once["segments_per_s"] / base["segments_per_s"], 2),
             "daemon": daemon,
             "busy_stop": busy,
         }
     finally:
-        moto.reset()
+        buckets.reset()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -322,11 +400,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--housekeeping-interval-s", type=float, default=None,
                         help="the daemon's housekeeping interval (default: the property's "
                              "default, 5 minutes, longer than the idle window)")
+    parser.add_argument("--store", choices=("moto", "file"), default="moto",
+                        help="a moto_server child process (default) or file:// buckets")
     args = parser.parse_args(argv)
     runs = []
-    with MotoServer() as moto:
+    with contextlib.ExitStack() as stack:
+        buckets: Buckets
+        if args.store == "moto":
+            buckets = MotoBuckets(stack.enter_context(MotoServer()))
+        else:
+            root = Path(tempfile.mkdtemp(prefix="tiered-partitions-buckets-"))
+            stack.callback(shutil.rmtree, root, ignore_errors=True)
+            buckets = FileBuckets(root)
         for count in args.counts:
-            runs.append(one_count(moto, count, args))
+            runs.append(one_count(buckets, count, args))
             emit({"partial": True, "runs": runs})
     emit({"benchmark": "partitions", "cores": os.cpu_count(),
           "versions": versions("boto3", "moto"), "python": sys.version.split()[0], "runs": runs})

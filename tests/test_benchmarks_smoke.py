@@ -143,16 +143,13 @@ def test_compact_benchmark_loses_nothing_beside_a_daemon() -> None:
     assert report["ratio_vs_boto3_io"] is not None
 
 
-@pytest.mark.timeout(300)
-def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
-    """The partitions benchmark prints a partial report after each count, then the whole one;
-    the daemon's request counter must see its start (a lease and a head per partition at
-    least), or its idle figure would read 0 whatever the daemon did."""
+def _partitions_reports(*args: str) -> list[dict[str, Any]]:
+    """Every JSON object `partitions.py *args` printed: a partial report after each count,
+    then the whole one."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "partitions.py"), "--counts", "12", "--idle-s", "3",
-         "--housekeeping-interval-s", "1"],
+        [sys.executable, str(BENCHMARKS / "partitions.py"), *args],
         capture_output=True, text=True, env=env, timeout=280, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     decoder, reports, pos = json.JSONDecoder(), [], 0
@@ -161,10 +158,37 @@ def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
         report, pos = decoder.raw_decode(proc.stdout, pos)
         reports.append(report)
     assert reports[0]["partial"] is True and reports[-1]["benchmark"] == "partitions"
+    return reports
+
+
+@pytest.mark.timeout(300)
+def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
+    """The partitions benchmark prints a partial report after each count, then the whole one;
+    the daemon's request counter must see its start (a lease and a head per partition at
+    least), or its idle figure would read 0 whatever the daemon did."""
+    reports = _partitions_reports("--counts", "12", "--idle-s", "3",
+                                  "--housekeeping-interval-s", "1")
     (run,) = reports[-1]["runs"]
+    assert run["store"] == "moto" and run["boto3"]["puts"] == 3 * 2 * 12
     once, daemon = run["archive_once"], run["daemon"]
     assert once["ok"] and once["uploaded_segments"] == 2 * 12
     assert daemon["leases_held"] == 12 and daemon["idle_housekeeping_passes"] == 3
     assert daemon["start_store_requests"] >= 2 * 12
     assert daemon["idle_store_requests"] >= 0 and daemon["stop_s"] is not None
+    assert run["busy_stop"]["segments_to_upload"] == 2 * 12
+
+
+@pytest.mark.timeout(300)
+def test_partitions_benchmark_runs_on_file_buckets() -> None:
+    """`--store file`: every phase on file:// buckets, the baseline through the same store
+    class; the daemon keeps no request count for a file store, so its figures are null, never
+    a 0 that would read as "no request"."""
+    (run,) = _partitions_reports("--store", "file", "--counts", "12", "--idle-s", "2")[-1]["runs"]
+    once, daemon = run["archive_once"], run["daemon"]
+    assert run["store"] == "file" and "boto3" not in run
+    assert once["ok"] and once["uploaded_segments"] == 2 * 12
+    assert run["file_store_puts"]["puts"] == 3 * 2 * 12
+    assert run["throughput_vs_file_store_puts"] > 0
+    assert daemon["leases_held"] == 12 and daemon["stop_s"] is not None
+    assert daemon["start_store_requests"] is None and daemon["idle_store_requests"] is None
     assert run["busy_stop"]["segments_to_upload"] == 2 * 12

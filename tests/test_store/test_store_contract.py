@@ -148,6 +148,13 @@ def test_list_is_in_key_order_and_filters_by_prefix(store: ObjectStore) -> None:
     assert [i.key for i in store.list("a/b")] == ["a/b-", "a/b/c", "a/b/c2"]
     assert [i.key for i in store.list("a/b/")] == ["a/b/c", "a/b/c2"]
     assert [i.key for i in store.list("zzz")] == []
+    # prefixes that name directories whole, part of a name, an object, or nothing
+    assert [i.key for i in store.list("a/b/c")] == ["a/b/c", "a/b/c2"]
+    assert [i.key for i in store.list("a/b/c2")] == ["a/b/c2"]
+    assert [i.key for i in store.list("a/b/c/")] == []  # below an object: nothing
+    assert [i.key for i in store.list("a/x/y/")] == []
+    assert [i.key for i in store.list("no/such/dir/")] == []
+    assert [i.key for i in store.list("t\u00e9/")] == ["t\u00e9/\u00fc 1"]
 
 
 @pytest.mark.slow  # thousands of objects
@@ -357,6 +364,41 @@ def test_file_store_refuses_hostile_keys(file_store: FileStore, key: str) -> Non
             attempt()
     assert sorted(p.name for p in outside.iterdir()) == before
     assert list(file_store.list()) == []
+
+
+@pytest.mark.parametrize("prefix", ["../", "a/../", "/a/", "a//", f"{LOCK_DIR}/", f"{ETAG_DIR}/",
+                                    f"x/.y{TMP_MARK}/", "./a/"])
+def test_file_store_lists_nothing_outside_its_keys_for_a_hostile_prefix(
+        file_store: FileStore, prefix: str) -> None:
+    """A prefix that could not name a key's directory is matched against the whole walk
+    from the root, which never leaves the root nor shows the store's bookkeeping."""
+    file_store.put("a/b", b"x")
+    root = Path(file_store.root)
+    (root.parent / "outside").mkdir(exist_ok=True)
+    (root.parent / "outside" / "secret").write_bytes(b"s")
+    assert list(file_store.list(prefix)) == []
+
+
+def test_file_store_lists_a_deep_prefix_from_its_own_directory(
+        file_store: FileStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition's listing reads that partition's directories, not every top-level one:
+    under the hashed key prefixes there is one of those per partition (docs/format.md)."""
+    import tiered.store.file as file_module
+
+    for i in range(50):
+        file_store.put(f"{i:08x}/kafka/t/{i}_r/0-9-1.log", b"x")
+    scanned: list[str] = []
+    real = os.scandir
+
+    def scandir(path: Any) -> Any:
+        scanned.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(file_module.os, "scandir", scandir)
+    got = [i.key for i in file_store.list(f"{7:08x}/kafka/t/7_")]
+    assert got == [f"{7:08x}/kafka/t/7_r/0-9-1.log"]
+    root = os.path.join(file_store.root, f"{7:08x}", "kafka", "t")
+    assert scanned and all(p == root or p.startswith(root + os.sep) for p in scanned)
 
 
 def test_file_store_hides_its_bookkeeping_and_leaves_no_temp_files(file_store: FileStore) -> None:

@@ -466,6 +466,13 @@ class FileStore(ObjectStore):
         return ObjectInfo(key=key, size=st.st_size, etag=etag, last_modified=st.st_mtime)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        head = prefix.rpartition("/")[0]
+        if head and key_problem(head) is None:
+            # start at the deepest directory the prefix names whole: listing one partition
+            # reads that partition's directories, not every top-level directory of the bucket
+            # (one per partition under the hashed prefixes, docs/format.md)
+            yield from self._walk(os.path.join(self.root, *head.split("/")), head + "/", prefix)
+            return
         yield from self._walk(self.root, "", prefix)
 
     def _walk(self, directory: str, key_prefix: str, prefix: str) -> Iterator[ObjectInfo]:

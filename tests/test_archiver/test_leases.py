@@ -360,3 +360,18 @@ def test_a_damaged_lease_object_is_replaced_when_the_partition_is_taken(
     assert set(a.holdings()) == set(PARTS)
     lease, _ = read_lease(store, PARTS[0])
     assert lease is not None and lease.holder == "a"
+
+
+def test_each_lease_gained_is_logged_with_its_generation_without_a_map_of_all(
+        store: ObjectStore, clock: Clock, make: Callable[..., LeaseKeeper],
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Taking a lease logs its generation, read for that lease alone: a map of every lease
+    held, built once per lease taken, made a start at thousands of partitions quadratic."""
+    a = make("a")
+    monkeypatch.setattr(a, "holdings", lambda: pytest.fail("holdings() built per lease"))
+    with caplog.at_level("INFO", logger="archiver.lease_keeper"):
+        a.tick()
+    gained = [m for m in (r.getMessage() for r in caplog.records)
+              if "acquired the upload lease" in m]
+    assert len(gained) == len(PARTS)
+    assert all(m.endswith("(generation 1)") for m in gained)

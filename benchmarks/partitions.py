@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -150,9 +151,12 @@ class MotoBuckets:
 
     kind = "moto"
     baseline_name = "boto3"
+    #: the daemon counts its requests to an S3 store (its retry layer keeps the counters)
+    counts_requests = True
 
     def __init__(self, moto: MotoServer) -> None:
         self.moto = moto
+        self._client: Any = None  # for polling a bucket's contents, made once
 
     def create(self, name: str) -> tuple[str, str | None]:
         """(bucket, endpoint) for `daemon_config`."""
@@ -172,14 +176,15 @@ class MotoBuckets:
         return _timed_puts(put, files, concurrency, segments, client.close)
 
     def segments_in(self, name: str) -> int:
-        client = self.moto.client()
-        try:
-            return sum(1 for page in client.get_paginator("list_objects_v2").paginate(
-                Bucket=name) for o in page.get("Contents", ()) if o["Key"].endswith(".log"))
-        finally:
-            client.close()
+        if self._client is None:
+            self._client = self.moto.client()
+        return sum(1 for page in self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=name) for o in page.get("Contents", ()) if o["Key"].endswith(".log"))
 
     def reset(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         self.moto.reset()
 
 
@@ -189,6 +194,8 @@ class FileBuckets:
 
     kind = "file"
     baseline_name = "file_store_puts"
+    #: a file store keeps no request counters: the daemon's request figures are None, not 0
+    counts_requests = False
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -198,12 +205,15 @@ class FileBuckets:
         path.mkdir(parents=True)
         return str(path), None
 
-    def baseline(self, name: str, files: list[Path], concurrency: int,
-                 segments: int) -> dict[str, Any]:
+    def _store(self, name: str) -> Any:
         from tiered.store import StoreSettings, open_store
 
-        bucket, _ = self.create(name)
-        store = open_store(StoreSettings(url=f"file://{bucket}"), probe=False)
+        return open_store(StoreSettings(url=f"file://{self.root / name}"), probe=False)
+
+    def baseline(self, name: str, files: list[Path], concurrency: int,
+                 segments: int) -> dict[str, Any]:
+        self.create(name)
+        store = self._store(name)
 
         def put(path: Path) -> None:
             store.put(f"{path.parent.name}/{path.name}", path.read_bytes())
@@ -211,7 +221,13 @@ class FileBuckets:
         return _timed_puts(put, files, concurrency, segments, store.close)
 
     def segments_in(self, name: str) -> int:
-        return sum(1 for _ in (self.root / name).rglob("*.log"))
+        """Through the store's own listing: the directory also holds its ETag side files,
+        named as the objects are, which a walk of the files would count twice."""
+        store = self._store(name)
+        try:
+            return sum(1 for o in store.list() if o.key.endswith(".log"))
+        finally:
+            store.close()
 
     def reset(self) -> None:
         for child in self.root.iterdir():
@@ -221,8 +237,8 @@ class FileBuckets:
 Buckets = MotoBuckets | FileBuckets
 
 
-def _timed_puts(put: Any, files: list[Path], concurrency: int, segments: int,
-                close: Any) -> dict[str, Any]:
+def _timed_puts(put: Callable[[Path], object], files: list[Path], concurrency: int,
+                segments: int, close: Callable[[], object]) -> dict[str, Any]:
     start = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(put, files))
@@ -266,8 +282,8 @@ def rss_mib(pid: int) -> float:
 
 def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
                start_timeout_s: float, *, counted: bool = True) -> dict[str, Any]:
-    """`counted`: the daemon counts its store requests (an S3 store does, through its retry
-    layer; a file:// bucket does not, and its figures are then None, not 0)."""
+    """`counted`: the daemon counts its store requests (`counts_requests` of the buckets);
+    otherwise its request figures are None, not 0."""
     started = time.monotonic()
     daemon = DaemonProcess(config_path, workdir / "daemon.log")
     out: dict[str, Any] = {}
@@ -328,14 +344,10 @@ def busy_stop(buckets: Buckets, workdir: Path, log_dir: Path, segments: int,
     """SIGTERM to a daemon in the middle of its first upload round: seconds to its exit."""
     bucket = f"busy-{uuid.uuid4().hex[:8]}"
     config = new_bucket(buckets, bucket, workdir, log_dir, "busy")
-
-    def segments_in_bucket() -> int:
-        return buckets.segments_in(bucket)
-
     daemon = DaemonProcess(config, workdir / "busy.log")
     try:  # the daemon's metrics are published after each round: the bucket tells sooner
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not segments_in_bucket():
+        while time.monotonic() < deadline and not buckets.segments_in(bucket):
             time.sleep(0.2)
         start = time.monotonic()
         daemon.proc.send_signal(signal.SIGTERM)
@@ -346,7 +358,7 @@ def busy_stop(buckets: Buckets, workdir: Path, log_dir: Path, segments: int,
             stop_s = None
     finally:
         daemon.stop()
-    done = segments_in_bucket()
+    done = buckets.segments_in(bucket)
     return {"stop_s": stop_s, "segments_uploaded_before_exit": done,
             "segments_to_upload": segments}
 
@@ -370,7 +382,7 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
                                 once["uploaded_segments"])
         progress(f"{partitions} partitions: tiered run")
         daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s,
-                            counted=buckets.kind == "moto")
+                            counted=buckets.counts_requests)
         if args.housekeeping_interval_s is not None:
             daemon["idle_housekeeping_passes"] = int(args.idle_s
                                                      // args.housekeeping_interval_s)

@@ -192,3 +192,5 @@ def test_partitions_benchmark_runs_on_file_buckets() -> None:
     assert daemon["leases_held"] == 12 and daemon["stop_s"] is not None
     assert daemon["start_store_requests"] is None and daemon["idle_store_requests"] is None
     assert run["busy_stop"]["segments_to_upload"] == 2 * 12
+    # counted through the store's listing: its ETag side files are not segments
+    assert 0 < run["busy_stop"]["segments_uploaded_before_exit"] <= 2 * 12

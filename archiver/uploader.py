@@ -46,7 +46,7 @@ from archiver.upload_policy import (
     UploadParams,
     plan_uploads,
 )
-from manifests import edits, keys
+from manifests import edits, keys, segment_indexes
 from manifests.commit import ManifestStore
 from manifests.errors import StaleTerm
 from manifests.manifest import PartitionManifest
@@ -64,10 +64,8 @@ T = TypeVar("T")
 
 #: bytes read at a time when checksumming a segment file
 CHECKSUM_CHUNK_BYTES = 1 << 20
-#: index files that travel beside a segment object, by `manifests.keys` kind
-INDEX_KINDS = ("index", "timeindex", "txnindex")
-#: their suffixes beside a segment's `.log` in the log dir
-INDEX_SUFFIXES = tuple(f".{kind}" for kind in INDEX_KINDS)
+#: the suffixes of a segment's index files beside its `.log` in the log dir
+INDEX_SUFFIXES = tuple(f".{kind}" for kind in segment_indexes.INDEX_KINDS)
 
 
 class Submit(Protocol):
@@ -175,6 +173,7 @@ def _meta(
         writer_term=target.term,
         checksum=crc,
         compacted=cand.holes and first_offset is not None and first_offset > cand.begin_inclusive,
+        index_layout=segment_indexes.DEFAULT_LAYOUT,
     )
 
 
@@ -292,13 +291,6 @@ def _prepare_suffix(target: PartitionTarget, cand: UploadCandidate, log_path: Pa
                           byte_range=(begin, end))
 
 
-def object_keys(m: PartitionManifest, meta: SegmentMeta) -> dict[str, str]:
-    """Keys of a segment object and every index kind beside it ("log" for the segment)."""
-    out = {"log": m.segment_key(meta)}
-    for kind in INDEX_KINDS:
-        out[kind] = keys.object_key(m.topic, m.partition, m.revision,
-                                    keys.index_name(meta.object_name, kind))
-    return out
 
 
 @dataclass(frozen=True)
@@ -318,7 +310,7 @@ def upload(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
     with gate.slots.hold():
         # indexes first: a segment object in the bucket always has its indexes beside it
         sent = put_indexes(store, m, prep, gate.limiter)
-        return sent + _put(store, object_keys(m, prep.meta)["log"], prep.body, gate.limiter,
+        return sent + _put(store, m.segment_key(prep.meta), prep.body, gate.limiter,
                            prep.byte_range)
 
 
@@ -336,7 +328,10 @@ def upload_early(store: ObjectStore, m: PartitionManifest, key: str, cand: Uploa
     behind the debt this segment just ran up."""
     path = Path(cand.paths[0])
     size = path.stat().st_size
-    indexes = sum(_size_or_zero(path.with_suffix(ext)) for ext in INDEX_SUFFIXES)
+    # as `prepare` bundles them: the offset and time index always, a transaction index
+    # when it has entries
+    index, timeindex, txnindex = (_size_or_zero(path.with_suffix(ext)) for ext in INDEX_SUFFIXES)
+    indexes = segment_indexes.bundle_size([index, timeindex] + ([txnindex] if txnindex else []))
     sent: list[int] = []
 
     def ready() -> None:
@@ -357,10 +352,17 @@ def _size_or_zero(path: Path) -> int:
 
 def put_indexes(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
                 limiter: TokenBucket | None) -> int:
-    """Put a verified candidate's index objects; returns their bytes. `limiter` None: their
-    bandwidth was taken already (see `upload_early`)."""
-    where = object_keys(m, prep.meta)
-    return sum(_put(store, where[kind], source, limiter) for kind, source in prep.indexes.items())
+    """Put a verified candidate's indexes, in the layout its manifest entry records (one
+    bundle object: `manifests.segment_indexes`); returns their bytes. `limiter` None: their
+    bandwidth was taken already (see `upload_early`). Index files are a small fraction of a
+    segment (Kafka caps them at `segment.index.bytes`), so they are read whole."""
+    sections = {kind: source.read_bytes() if isinstance(source, Path) else source
+                for kind, source in prep.indexes.items()}
+    if limiter is not None:
+        limiter.acquire(sum(map(len, sections.values())))
+    written = segment_indexes.write_indexes(store, m.data_prefix, prep.meta.object_name,
+                                            sections, prep.meta.index_layout)
+    return sum(size for _, size in written)
 
 
 def _put(store: ObjectStore, key: str, source: Path | bytes, limiter: TokenBucket | None,
@@ -489,7 +491,7 @@ def _run(
                                              gate))
         try:
             prep = prepare(target, cand, index_interval_bytes)
-            if verdict is not None and object_keys(m, prep.meta)["log"] != key:
+            if verdict is not None and m.segment_key(prep.meta) != key:
                 raise TieredError(f"{cand.paths[0]}: verified as another object than {key}")
         except BaseException as err:
             if verdict is not None:  # never leave an early upload waiting

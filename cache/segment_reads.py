@@ -39,9 +39,9 @@ from cache.chunks import plan_chunks
 from cache.disk import BLOCK
 from cache.download import Verifier
 from cache.fetched_bytes import FilePiece, Pieces
-from manifests import keys
+from manifests import segment_indexes
 from manifests.manifest import PartitionManifest
-from manifests.model import SegmentMeta
+from manifests.model import INDEX_BUNDLE, SegmentMeta
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.index import OffsetIndex, TimeIndex
 from tiered.kafka.local_log import PartitionLog
@@ -420,18 +420,33 @@ class RemoteSegments:
 
     def _index(self, m: PartitionManifest, seg: SegmentMeta, cls: type[IndexT],
                kind: str) -> IndexT:
-        """The `.index` / `.timeindex` object beside a segment; empty (a scan from byte 0) when
-        it is missing or corrupt, which costs speed, never correctness."""
-        key = keys.object_key(m.topic, m.partition, m.revision,
-                              keys.index_name(seg.object_name, kind))
+        """The segment's offset (`index`) or time (`timeindex`) index; empty (a scan from
+        byte 0) when it is missing or corrupt, which costs speed, never correctness. A bundle
+        brings both in one GET: reading the offset index keeps the time index too."""
+        key = m.segment_key(seg)
+        where = f"{key} ({kind})"
+        both = seg.index_layout == INDEX_BUNDLE
         try:
-            data = self.store.get(key)
+            got = segment_indexes.read_indexes(
+                self.store, m.data_prefix, seg.object_name, seg.index_layout,
+                ("index", "timeindex") if both else (kind,))
             self._count("index_downloads")
-            return cls.from_bytes(data, base_offset=seg.base_offset, path=key)
+            data = got[kind]
+            if data is None:
+                raise ObjectNotFound(where)
+            index = cls.from_bytes(data, base_offset=seg.base_offset, path=where)
         except (ObjectNotFound, CorruptSegmentError) as err:
-            log.warning("%s: unusable (%s); scanning the segment instead", key, err)
+            log.warning("%s: index unusable (%s); scanning the segment instead", where, err)
             self._count("index_fallbacks")
-            return cls(seg.base_offset, path=key)
+            return cls(seg.base_offset, path=where)
+        times = got.get("timeindex")
+        if kind == "index" and times is not None:
+            try:
+                self._time_indexes.put(key, TimeIndex.from_bytes(
+                    times, base_offset=seg.base_offset, path=f"{key} (timeindex)"))
+            except CorruptSegmentError as err:  # read again, and fall back, if it is needed
+                log.warning("%s (timeindex): unusable (%s)", key, err)
+        return index
 
     def read(
         self, m: PartitionManifest, seg: SegmentMeta, offset: int, budget: int, first: bool,

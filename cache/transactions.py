@@ -16,14 +16,13 @@ import logging
 from collections.abc import Iterator
 
 from cache.segment_reads import Lru
-from manifests import keys
+from manifests import segment_indexes
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 from tiered.kafka.local_log import PartitionLog
 from tiered.kafka.segment import Segment
 from tiered.kafka.txnindex import AbortedSearch, AbortedTxn, parse_txnindex
 from tiered.store.base import ObjectStore
-from tiered.store.errors import ObjectNotFound
 
 __all__ = ["TransactionIndexes"]
 
@@ -44,19 +43,19 @@ class TransactionIndexes:
         self.remote_reads = 0
 
     def remote(self, m: PartitionManifest, seg: SegmentMeta) -> tuple[AbortedTxn, ...]:
-        """The entries of the `.txnindex` object beside `seg` (none when it has no such
-        object). `CorruptSegmentError` for one that does not parse; `StoreError` when the
-        store fails."""
-        key = keys.object_key(m.topic, m.partition, m.revision,
-                              keys.index_name(seg.object_name, "txnindex"))
+        """The entries of the transaction index beside `seg` (none when it has none).
+        `CorruptSegmentError` for one that does not parse; `StoreError` when the store fails,
+        and `ObjectNotFound` when the segment's index bundle is missing: that is damage, and
+        serving the segment as if it had no aborted transaction would hand a read-committed
+        consumer aborted records (`manifests.segment_indexes.read_indexes`)."""
+        key = m.segment_key(seg)
         hit = self._remote.get(key)
         if hit is not None:
             return hit
         self.remote_reads += 1
-        try:
-            entries = tuple(parse_txnindex(self._store.get(key), path=key))
-        except ObjectNotFound:
-            entries = ()
+        data = segment_indexes.read_indexes(self._store, m.data_prefix, seg.object_name,
+                                            seg.index_layout, ("txnindex",))["txnindex"]
+        entries = tuple(parse_txnindex(data, path=f"{key} (txnindex)")) if data else ()
         self._remote.put(key, entries)
         return entries
 

@@ -63,11 +63,13 @@ MAX_GROUP_KEY_LENGTH = 200
 SECURITY_PREFIX = "_tiered/security/"
 SECURITY_USERS_KEY = SECURITY_PREFIX + "users.json"
 SECURITY_ACLS_KEY = SECURITY_PREFIX + "acls.json"
-#: file extension of each object kind that travels beside a segment
+#: file extension of each object kind that travels beside a segment: Kafka's index files,
+#: or one bundle of them (`manifests.segment_indexes`)
 INDEX_SUFFIXES: dict[str, str] = {
     "index": ".index",
     "timeindex": ".timeindex",
     "txnindex": ".txnindex",
+    "indexes": ".indexes",
 }
 SEGMENT_SUFFIX = ".log"
 
@@ -209,8 +211,8 @@ def parse_segment_name(name: str) -> SegmentName | None:
 
 
 def index_name(segment_object_name: str, kind: str = "index") -> str:
-    """The name of the index of `kind` (`index`, `timeindex`, `txnindex`) that travels beside
-    the segment object `segment_object_name`."""
+    """The name of the index object of `kind` (`index`, `timeindex`, `txnindex`, or the
+    `indexes` bundle) that travels beside the segment object `segment_object_name`."""
     suffix = INDEX_SUFFIXES.get(kind)
     if suffix is None:
         raise InvalidName(f"unknown index kind {kind!r}; known: {', '.join(INDEX_SUFFIXES)}")

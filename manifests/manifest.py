@@ -102,6 +102,11 @@ class PartitionManifest:
     def next_offset(self) -> int:
         return self.last_offset + 1
 
+    @property
+    def data_prefix(self) -> str:
+        """Where this partition's segment and index objects live (`keys.partition_data_prefix`)."""
+        return keys.partition_data_prefix(self.topic, self.partition, self.revision)
+
     def segment_key(self, segment: SegmentMeta) -> str:
         """The object key of one of this partition's segments."""
         return keys.object_key(self.topic, self.partition, self.revision, segment.object_name)

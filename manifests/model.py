@@ -21,12 +21,25 @@ from typing import ClassVar, Generic, TypeVar
 
 from manifests import keys
 
-#: the JSON format version of archived and topic manifests this code writes and reads
+#: the JSON format version of topic manifests, leases and node records this code writes and
+#: reads, and of archived manifests whose segments all keep Kafka's index files
 FORMAT_VERSION = 1
+#: the newest archived-manifest format: version 2 adds the `index_layout` column
+ARCHIVE_FORMAT_VERSION = 2
 #: the newest head-manifest format: version 2 adds `gc_cutoff_ms`, version 3
-#: `collectable_below`; a head that needs neither is written as version 1, one whose
-#: `collectable_below` is 0 as version 2 at most, byte for byte what older releases wrote
-HEAD_FORMAT_VERSION = 3
+#: `collectable_below`, version 4 the segment tables' `index_layout` column; a head is
+#: written in the oldest version that holds what it carries, byte for byte what older
+#: releases wrote for the same content
+HEAD_FORMAT_VERSION = 4
+
+#: `SegmentMeta.index_layout`: the segment's indexes are Kafka's own files, one object each
+#: (`.index`, `.timeindex`, a `.txnindex` when it has aborted transactions), as every segment
+#: before the bundle was written
+INDEX_FILES = 0
+#: `SegmentMeta.index_layout`: one `.indexes` object holds all of the segment's indexes
+#: (`manifests.segment_indexes`)
+INDEX_BUNDLE = 1
+INDEX_LAYOUTS = (INDEX_FILES, INDEX_BUNDLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +67,8 @@ class SegmentMeta:
     #: object name under the partition's data prefix; "" means the default
     #: `keys.segment_name(base_offset, last_offset, writer_term)`
     name: str = ""
+    #: how the segment's indexes travel beside it: `INDEX_FILES` or `INDEX_BUNDLE`
+    index_layout: int = INDEX_FILES
 
     @property
     def object_name(self) -> str:
@@ -278,6 +293,7 @@ class SegmentTable(_Table[SegmentMeta]):
         "writer_term",
         "checksum",
         "compacted",
+        "index_layout",
     )
     __slots__ = ()
 
@@ -294,6 +310,7 @@ class SegmentTable(_Table[SegmentMeta]):
                 row.writer_term,
                 row.checksum,
                 1 if row.compacted else 0,
+                row.index_layout,
             ),
             row.name,
         )
@@ -311,6 +328,7 @@ class SegmentTable(_Table[SegmentMeta]):
             c[7][i],
             bool(c[8][i]),
             self._extra[i],
+            c[9][i],
         )
 
     def object_names(self) -> Iterator[str]:

@@ -28,8 +28,10 @@ from manifests.manifest import (
     manifest_problem,
 )
 from manifests.model import (
+    ARCHIVE_FORMAT_VERSION,
     FORMAT_VERSION,
     HEAD_FORMAT_VERSION,
+    INDEX_LAYOUTS,
     ArchiveTable,
     ReplacedSegment,
     SegmentTable,
@@ -70,13 +72,18 @@ _SEGMENT_EXTRA: tuple[_Column, ...] = (
     ("crc32c", "checksum", False),
     ("compacted", "compacted", False),
 )
+#: the segment-table column of head version 4 and archived version 2: a manifest is written in
+#: those versions only when one of its segments is not in Kafka's index files (layout 0), so
+#: one whose segments all are is byte for byte what older releases wrote
+_LAYOUT: _Column = ("index_layout", "index_layout", False)
 _ARCHIVE_EXTRA: tuple[_Column, ...] = (
     ("size_bytes", "size_bytes", False),
     ("segment_count", "segment_count", False),
     ("crc32c", "checksum", False),
     ("level", "level", False),
 )
-for _table, _extra in ((SegmentTable, _SEGMENT_EXTRA), (ArchiveTable, _ARCHIVE_EXTRA)):
+for _table, _extra in ((SegmentTable, (*_SEGMENT_EXTRA, _LAYOUT)),
+                       (ArchiveTable, _ARCHIVE_EXTRA)):
     if tuple(model for _, model, _ in _extra) != _table.FIELDS[4:]:
         raise AssertionError(f"{_table.__name__}.FIELDS and its stored columns disagree")
 #: the offsets and timestamps, stored relative to the row's base and the previous row
@@ -115,13 +122,23 @@ def _columns(t: SegmentTable | ArchiveTable, extra: tuple[_Column, ...]) -> dict
     return out
 
 
-def _encode_segments(t: SegmentTable, *, contiguous: bool = True) -> dict[str, Any]:
+def _has_layouts(t: SegmentTable) -> bool:
+    """Whether some segment of `t` needs the `index_layout` column."""
+    return any(t.column("index_layout"))
+
+
+def _segment_columns(layouts: bool) -> tuple[_Column, ...]:
+    return (*_SEGMENT_EXTRA, _LAYOUT) if layouts else _SEGMENT_EXTRA
+
+
+def _encode_segments(t: SegmentTable, *, contiguous: bool = True,
+                     layouts: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"count": len(t)}
     if contiguous:
         out["base_offset"] = t.first_base() if t else 0
     else:
         out["base_offsets"] = t.base_offsets.tolist()
-    out.update(_columns(t, _SEGMENT_EXTRA))
+    out.update(_columns(t, _segment_columns(layouts)))
     out["names"] = {str(i): name for i, name in enumerate(t.extra) if name}
     return out
 
@@ -134,18 +151,25 @@ def _encode_archives(t: ArchiveTable) -> dict[str, Any]:
 
 def encode_partition_manifest(m: PartitionManifest) -> bytes:
     """The head manifest's JSON bytes (compact, ASCII)."""
-    replaced = _encode_segments(
-        SegmentTable.from_rows(r.segment for r in m.replaced), contiguous=False
-    )
+    replaced_rows = SegmentTable.from_rows(r.segment for r in m.replaced)
+    layouts = _has_layouts(m.segments) or _has_layouts(replaced_rows)
+    replaced = _encode_segments(replaced_rows, contiguous=False, layouts=layouts)
     replaced["replaced_at"] = [r.replaced_at for r in m.replaced]
-    cutoff: dict[str, int] = {}
-    version = 1
-    if m.gc_cutoff_ms or m.collectable_below:
-        cutoff["gc_cutoff_ms"] = m.gc_cutoff_ms
-        version = 2
-    if m.collectable_below:
-        cutoff["collectable_below"] = m.collectable_below
+    # the oldest version that holds what this head carries (each requires the fields of the
+    # versions before it)
+    if layouts:
+        version = 4
+    elif m.collectable_below:
         version = 3
+    elif m.gc_cutoff_ms:
+        version = 2
+    else:
+        version = 1
+    cutoff: dict[str, int] = {}
+    if version >= 2:
+        cutoff["gc_cutoff_ms"] = m.gc_cutoff_ms
+    if version >= 3:
+        cutoff["collectable_below"] = m.collectable_below
     return _dumps(
         {
             "version": version,
@@ -160,7 +184,7 @@ def encode_partition_manifest(m: PartitionManifest) -> bytes:
             "archive_start_offset": m.archive_start_offset,
             "archive_clean_offset": m.archive_clean_offset,
             "cloud_bytes": m.cloud_bytes,
-            "segments": _encode_segments(m.segments),
+            "segments": _encode_segments(m.segments, layouts=layouts),
             "replaced": replaced,
             "archives": _encode_archives(m.archives),
             **cutoff,
@@ -170,8 +194,9 @@ def encode_partition_manifest(m: PartitionManifest) -> bytes:
 
 def encode_archived_manifest(a: ArchivedManifest) -> bytes:
     """An archived manifest's JSON bytes."""
+    layouts = a.level == 0 and _has_layouts(a.segments)
     doc: dict[str, Any] = {
-        "version": FORMAT_VERSION,
+        "version": ARCHIVE_FORMAT_VERSION if layouts else FORMAT_VERSION,
         "kind": KIND_ARCHIVE,
         "topic": a.topic,
         "partition": a.partition,
@@ -180,7 +205,7 @@ def encode_archived_manifest(a: ArchivedManifest) -> bytes:
         "level": a.level,
     }
     if a.level == 0:
-        doc["segments"] = _encode_segments(a.segments)
+        doc["segments"] = _encode_segments(a.segments, layouts=layouts)
     else:
         doc["archives"] = _encode_archives(a.children)
     return _dumps(doc)
@@ -195,8 +220,10 @@ def _row_costs(columns: dict[str, list[int]], n: int) -> list[int]:
 
 def segment_row_costs(t: SegmentTable) -> list[int]:
     """Bytes each row adds to the JSON of a contiguous segment table, exact for all rows but
-    the first (whose deltas are taken from 0); the spill planner uses these to size archives."""
-    costs = _row_costs(_columns(t, _SEGMENT_EXTRA), len(t))
+    the first (whose deltas are taken from 0); the spill planner uses these to size archives.
+    (Off by a column per row for a head of Kafka index files only whose `replaced` list
+    alone holds a bundle: an estimate, on the safe side.)"""
+    costs = _row_costs(_columns(t, _segment_columns(_has_layouts(t))), len(t))
     for i, name in enumerate(t.extra):
         if name:
             costs[i] += len(json.dumps(str(i))) + len(json.dumps(name)) + 2
@@ -324,16 +351,27 @@ def _timestamps(obj: dict[str, Any], path: str, n: int) -> tuple[array[int], arr
     return _col(ts0, path + "base_timestamp"), _col(ts1, path + "max_timestamp")
 
 
-def _decode_segments(obj: Any, path: str, *, contiguous: bool = True) -> SegmentTable:
+def _decode_segments(obj: Any, path: str, *, contiguous: bool = True,
+                     layouts: bool = False) -> SegmentTable:
+    """`layouts`: the document's version has the `index_layout` column."""
     offsets_field = "base_offset" if contiguous else "base_offsets"
     allowed = {"count", offsets_field, "names", *_SEGMENT_COLUMNS}
     if not contiguous:
         allowed.add("replaced_at")
+    if layouts:
+        allowed.add(_LAYOUT[0])
     obj = _check_fields(obj, path.rstrip("."), allowed)
     n = _int(obj, "count", path)
     base, last = _offsets(obj, path, n, contiguous)
     ts0, ts1 = _timestamps(obj, path, n)
     cols = [base, last, ts0, ts1, *_decode_extra(obj, path, n, _SEGMENT_EXTRA)]
+    if layouts:
+        layout = _ints(obj, _LAYOUT[0], path, n)
+        if any(v not in INDEX_LAYOUTS for v in layout):
+            raise _Bad(f"{path}{_LAYOUT[0]} holds a layout other than {list(INDEX_LAYOUTS)}")
+        cols.append(_col(layout, path + _LAYOUT[0]))
+    else:
+        cols.append(array("q", bytes(8 * n)))
     names_obj = obj.get("names")
     if not isinstance(names_obj, dict):
         raise _Bad(f"{path}names must be an object")
@@ -392,7 +430,8 @@ def decode_partition_manifest(data: bytes, *, key: str | None = None) -> Partiti
     def parse() -> PartitionManifest:
         topic, partition, revision = _identity(doc)
         rep = doc["replaced"]
-        replaced_rows = _decode_segments(rep, "replaced.", contiguous=False)
+        layouts = doc["version"] >= 4
+        replaced_rows = _decode_segments(rep, "replaced.", contiguous=False, layouts=layouts)
         replaced_at = _ints(rep, "replaced_at", "replaced.", len(replaced_rows))
         return PartitionManifest(
             topic=topic,
@@ -405,7 +444,7 @@ def decode_partition_manifest(data: bytes, *, key: str | None = None) -> Partiti
             archive_start_offset=_int(doc, "archive_start_offset", ""),
             archive_clean_offset=_int(doc, "archive_clean_offset", ""),
             cloud_bytes=_int(doc, "cloud_bytes", ""),
-            segments=_decode_segments(doc["segments"], "segments."),
+            segments=_decode_segments(doc["segments"], "segments.", layouts=layouts),
             replaced=tuple(
                 ReplacedSegment(seg, at) for seg, at in zip(replaced_rows, replaced_at, strict=True)
             ),
@@ -425,7 +464,8 @@ def decode_partition_manifest(data: bytes, *, key: str | None = None) -> Partiti
 def decode_archived_manifest(data: bytes, *, key: str | None = None) -> ArchivedManifest:
     """Parse and validate an archived manifest (checksum and range checks against the entry
     that pointed here are the caller's: see `ManifestStore.archived`)."""
-    doc = load_document(data, key, KIND_ARCHIVE, _ARCHIVE_FIELDS, ("segments", "archives"))
+    doc = load_document(data, key, KIND_ARCHIVE, _ARCHIVE_FIELDS, ("segments", "archives"),
+                        newest=ARCHIVE_FORMAT_VERSION)
 
     def parse() -> ArchivedManifest:
         topic, partition, revision = _identity(doc)
@@ -435,7 +475,8 @@ def decode_archived_manifest(data: bytes, *, key: str | None = None) -> Archived
             raise _Bad(f"a level {level} archived manifest has exactly the field {rows_field!r}")
         term = _int(doc, "term", "")
         if level == 0:
-            segments = _decode_segments(doc["segments"], "segments.")
+            segments = _decode_segments(doc["segments"], "segments.",
+                                        layouts=doc["version"] >= 2)
             return ArchivedManifest(topic, partition, revision, term, level, segments=segments)
         children = _decode_archives(doc["archives"], "archives.")
         return ArchivedManifest(topic, partition, revision, term, level, children=children)

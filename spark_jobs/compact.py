@@ -168,7 +168,7 @@ def _plan(mstore: ManifestStore, job: PartitionJob, now_ms: int) -> None:
         job.tasks.append(SegTask(
             job.pidx, part, i,
             SourceSegment(m.segment_key(seg), seg.object_name, seg.base_offset,
-                          seg.last_offset, seg.size_bytes, seg.checksum),
+                          seg.last_offset, seg.size_bytes, seg.checksum, seg.index_layout),
             seg.segment_term, seg.compacted, seg.base_timestamp, seg.max_timestamp,
         ))
 

@@ -13,12 +13,19 @@ from typing import Any, NamedTuple
 import crc32c
 import numpy as np
 
-from manifests import keys
+from manifests import segment_indexes
 from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
 from spark_jobs.compact_columns import clean_segment, scan_keys
 from spark_jobs.job_context import PartitionRef, job_error
-from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, claim_name, fetch_source
+from spark_jobs.merge_exec import (
+    RunResult,
+    RunTask,
+    SourceSegment,
+    claim_name,
+    fetch_source,
+    source_txn_indexes,
+)
 from spark_jobs.record_columns import ID_BYTES, bucket_of, last_per_key
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.compaction import SegmentCleaning, empty_batch, live_txn_entries
@@ -27,7 +34,6 @@ from tiered.kafka.records import BatchHeader, iter_batch_headers
 from tiered.kafka.segment import indexes_of
 from tiered.kafka.txnindex import encode_txnindex, parse_txnindex
 from tiered.store.base import ObjectStore
-from tiered.store.errors import ObjectNotFound
 
 #: event tags of the scan stage (first element of each tuple)
 KEY, TXN_KEY, PRODUCER, SCANNED = "k", "t", "p", "s"
@@ -220,11 +226,10 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
         txn = _txn_index(store, run, {m for c in outs for m in c.live_markers})
         if txn:
             extra["txnindex"] = txn
-        for kind, blob in extra.items():
-            index_key = run.data_prefix + keys.index_name(name, kind)
-            store.put(index_key, blob)
+        for index_key, size in segment_indexes.write_indexes(store, run.data_prefix, name,
+                                                             extra):
             uploaded.append(index_key)
-            sent += len(blob)
+            sent += size
     except TieredError as exc:
         if uploaded:  # never named by a manifest: remove it now (or garbage collection will)
             with contextlib.suppress(TieredError):
@@ -243,6 +248,7 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
         checksum=crc32c.crc32c(data),
         compacted=True,
         name=name,
+        index_layout=segment_indexes.DEFAULT_LAYOUT,
     )
     return RunResult(run, meta, tuple(uploaded), 0, sent, uploaded_at_ms=uploaded_at_ms)
 
@@ -252,10 +258,6 @@ def _txn_index(store: ObjectStore, run: RunTask, live_markers: set[int]) -> byte
     (`live_txn_entries`): an aborted transaction whose marker went, or whose records were
     all removed before this pass, loses its entry; the rest in marker order, each once."""
     entries = []
-    for src in run.sources:
-        key = run.data_prefix + keys.index_name(src.name, "txnindex")
-        try:
-            entries.extend(parse_txnindex(store.get(key), path=key))
-        except ObjectNotFound:
-            continue
+    for data in source_txn_indexes(store, run.data_prefix, run.sources):
+        entries.extend(parse_txnindex(data, path=run.data_prefix))
     return encode_txnindex(live_txn_entries(entries, live_markers))

@@ -132,6 +132,7 @@ def build_tasks(
                 last_offset=seg.last_offset,
                 size_bytes=seg.size_bytes,
                 checksum=seg.checksum,
+                index_layout=seg.index_layout,
             )
             for seg in m.segments.rows(run.first_index)
             if seg.base_offset <= run.last_offset

@@ -14,16 +14,16 @@ from typing import NamedTuple
 
 import crc32c
 
-from manifests import keys
+from manifests import keys, segment_indexes
 from manifests.collect import store_time_ms
-from manifests.model import SegmentMeta
+from manifests.model import INDEX_FILES, SegmentMeta
 from spark_jobs.job_context import PartitionRef, job_error
 from tiered.errors import CorruptSegmentError, TieredError
 from tiered.kafka.index import NO_TIMESTAMP
 from tiered.kafka.records import iter_batch_headers
 from tiered.kafka.segment import build_indexes
 from tiered.store.base import ObjectStore
-from tiered.store.errors import ObjectNotFound, PreconditionFailed
+from tiered.store.errors import PreconditionFailed
 
 #: generations tried for a merged object's name before the run is given up
 NAME_ATTEMPTS = 16
@@ -53,6 +53,8 @@ class SourceSegment(NamedTuple):
     size_bytes: int
     #: CRC-32C of the whole object
     checksum: int
+    #: how its indexes travel beside it (`SegmentMeta.index_layout`)
+    index_layout: int = INDEX_FILES
 
 
 class RunTask(NamedTuple):
@@ -139,16 +141,18 @@ def _read_source(store: ObjectStore, src: SourceSegment, scan: _Scan) -> int:
     return len(data)
 
 
+def source_txn_indexes(store: ObjectStore, data_prefix: str,
+                       sources: tuple[SourceSegment, ...]) -> list[bytes]:
+    """Each source's transaction index bytes, for the ones that have one."""
+    found = (segment_indexes.read_indexes(store, data_prefix, src.name, src.index_layout,
+                                          ("txnindex",))["txnindex"] for src in sources)
+    return [data for data in found if data]
+
+
 def _txn_index(store: ObjectStore, task: RunTask) -> bytes:
-    """The sources' `.txnindex` objects concatenated (entries hold absolute offsets, so they
+    """The sources' transaction indexes concatenated (entries hold absolute offsets, so they
     stay valid), or b"" when none has one."""
-    parts = []
-    for src in task.sources:
-        try:
-            parts.append(store.get(task.data_prefix + keys.index_name(src.name, "txnindex")))
-        except ObjectNotFound:
-            continue
-    return b"".join(parts)
+    return b"".join(source_txn_indexes(store, task.data_prefix, task.sources))
 
 
 def _claim_name(store: ObjectStore, task: RunTask, data: bytes) -> tuple[str, str]:
@@ -195,11 +199,10 @@ def merge_run(store: ObjectStore, task: RunTask) -> RunResult:
         # the garbage-collection cutoff of the head it commits onto
         uploaded_at_ms = store_time_ms(store.head(key).last_modified)
         sent = len(data)
-        for kind, blob in extra.items():
-            index_key = task.data_prefix + keys.index_name(name, kind)
-            store.put(index_key, blob)
+        for index_key, size in segment_indexes.write_indexes(store, task.data_prefix, name,
+                                                             extra):
             uploaded.append(index_key)
-            sent += len(blob)
+            sent += size
     except TieredError as exc:
         if uploaded:  # never named by a manifest: remove what this attempt left (or GC will)
             with contextlib.suppress(TieredError):
@@ -216,5 +219,6 @@ def merge_run(store: ObjectStore, task: RunTask) -> RunResult:
         writer_term=task.writer_term,
         checksum=crc32c.crc32c(data),
         name=name,
+        index_layout=segment_indexes.DEFAULT_LAYOUT,
     )
     return RunResult(task, meta, tuple(uploaded), read, sent, uploaded_at_ms=uploaded_at_ms)

@@ -26,11 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from manifests import edits, keys
+from manifests import edits, keys, segment_indexes
 from manifests.cas import put_on_version
 from manifests.errors import ManifestConflict, ManifestError
 from manifests.manifest import PartitionManifest
-from manifests.model import SegmentMeta
+from manifests.model import INDEX_BUNDLE, INDEX_FILES, SegmentMeta
 from manifests.serde import encode_partition_manifest
 from manifests.spillover import plan_spill
 from manifests.topic import TopicManifest, load_topic_manifest, save_topic_manifest
@@ -52,12 +52,17 @@ class Found(NamedTuple):
     size: int
     facts: ObjectFacts | None = None
     error: str | None = None
+    #: how its indexes travel beside it: a bundle when one is listed beside it
+    index_layout: int = INDEX_FILES
 
 
 def _list_prefix(topic: str | None, store: ObjectStore, prefix: str) -> list[Found]:
     """Runs in an executor: every segment object under `prefix` (one hex digit of `{h}`)."""
     out = []
-    for info in store.list(prefix):
+    listing = list(store.list(prefix))
+    bundle = keys.INDEX_SUFFIXES[segment_indexes.BUNDLE_KIND]
+    bundles = {info.key for info in listing if info.key.endswith(bundle)}
+    for info in listing:
         parts = info.key.split("/")
         if len(parts) != 5 or parts[1] != keys.NAMESPACE or (topic and parts[2] != topic):
             continue
@@ -69,8 +74,10 @@ def _list_prefix(topic: str | None, store: ObjectStore, prefix: str) -> list[Fou
                 continue
         except ManifestError:
             continue  # not one of ours (illegal topic or revision)
+        layout = (INDEX_BUNDLE if info.key.removesuffix(keys.SEGMENT_SUFFIX) + bundle in bundles
+                  else INDEX_FILES)
         out.append(Found(PartitionRef(parts[2], int(p_text), revision), parts[4], info.key,
-                         info.size))
+                         info.size, index_layout=layout))
     return out
 
 
@@ -103,6 +110,7 @@ def found_meta(item: Found) -> SegmentMeta | str:
         writer_term=parsed.term, checksum=facts.checksum,
         compacted=not (exact and facts.contiguous),
         name="" if item.name == default else item.name,
+        index_layout=item.index_layout,
     )
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from manifests import keys
+from manifests import keys, segment_indexes
 from manifests.errors import ManifestError
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
@@ -120,9 +120,9 @@ class SegmentTask(NamedTuple):
     """Restore one segment object as `{base}.log` (+ indexes) in `partition_dir`."""
 
     partition_dir: str
-    #: key of the segment object, and of each index kind beside it
+    #: key of the segment object, and the partition's data prefix (its indexes are beside it)
     key: str
-    index_keys: tuple[tuple[str, str], ...]
+    data_prefix: str
     meta: SegmentMeta
     index_interval_bytes: int
 
@@ -144,11 +144,13 @@ class _Batches:
         self.positions = array("q")
         self.bases = array("q")
         self.lasts = array("q")
+        self.transactional = False
 
     def add(self, h: BatchHeader) -> None:
         self.positions.append(h.position)
         self.bases.append(h.base_offset)
         self.lasts.append(h.last_offset)
+        self.transactional = self.transactional or h.is_transactional
 
     def index_problem(self, data: bytes, time_data: bytes, base: int) -> str | None:
         """Why the downloaded `.index` / `.timeindex` do not fit this log, or None."""
@@ -170,11 +172,22 @@ class _Batches:
         return None
 
 
-def _get_optional(store: ObjectStore, key: str) -> bytes | None:
+def _indexes(store: ObjectStore, task: SegmentTask, batches: _Batches) -> dict[str, bytes | None]:
+    """The segment's indexes from the bucket; none when its bundle is missing or garbled (the
+    offset and time indexes are rebuilt from the log) unless it holds transactional batches:
+    which of them were aborted cannot be rebuilt from the segment alone, and a log restored
+    without that would serve aborted records as committed."""
+    meta = task.meta
     try:
-        return store.get(key)
-    except ObjectNotFound:
-        return None
+        return segment_indexes.read_indexes(store, task.data_prefix, meta.object_name,
+                                            meta.index_layout, segment_indexes.INDEX_KINDS)
+    except (ObjectNotFound, CorruptSegmentError) as err:
+        if batches.transactional:
+            raise CorruptSegmentError(
+                f"its transaction index is unreadable ({err}) and it holds transactional "
+                "batches", path=task.key) from err
+        log.warning("%s: index bundle unusable (%s); rebuilding the indexes", task.key, err)
+        return {}
 
 
 def _restore(counter: Any, store: ObjectStore, task: SegmentTask) -> SegmentResult:
@@ -214,7 +227,7 @@ def _place_indexes(store: ObjectStore, task: SegmentTask, log_tmp: Path, batches
                    written: list[Path]) -> bool:
     """Write the segment's index files; returns whether they had to be rebuilt."""
     base = task.meta.base_offset
-    got = {kind: _get_optional(store, key) for kind, key in task.index_keys}
+    got = _indexes(store, task, batches)
     index, times = got.get("index"), got.get("timeindex")
     rebuilt = (index is None or times is None
                or batches.index_problem(index, times, base) is not None)
@@ -378,10 +391,7 @@ def run_recover(
     moved = _prepare_dirs(parts, overwrite)
     tasks = [
         SegmentTask(
-            str(part.directory), part.manifest.segment_key(seg),
-            tuple((kind, keys.object_key(topic, part.ref.partition, t.revision,
-                                         keys.index_name(seg.object_name, kind)))
-                  for kind in _INDEX_FILES),
+            str(part.directory), part.manifest.segment_key(seg), part.manifest.data_prefix,
             seg, tconf.index_interval_bytes,
         )
         for part in parts for seg in part.segments

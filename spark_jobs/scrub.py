@@ -27,11 +27,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from manifests import keys
+from manifests import keys, segment_indexes
 from manifests.collect import collect_orphans
 from manifests.errors import ManifestError
 from manifests.manifest import PartitionManifest
-from manifests.model import SegmentMeta
+from manifests.model import INDEX_BUNDLE, SegmentMeta
 from spark_jobs.job_context import JobContext, PartitionRef, job_error
 from spark_jobs.segment_walk import meta_problem, run_tasks, walk_object
 from tiered.errors import CorruptSegmentError, TieredError
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tiered.spark.scrub")
 
-#: index kinds the archiver always uploads beside a segment (`.txnindex` only when non-empty)
+#: Kafka's index files every segment of that layout has beside it (`.txnindex` only when
+#: non-empty)
 EXPECTED_INDEX_KINDS = ("index", "timeindex")
 
 #: every anomaly kind a scrub reports, and what it means; any of them makes `ok` false
@@ -82,6 +83,14 @@ class CheckTask(NamedTuple):
     partition: str
     key: str
     meta: SegmentMeta
+
+
+def expected_index_names(seg: SegmentMeta) -> list[str]:
+    """The index objects every segment of its layout has beside it (Kafka's `.txnindex` is
+    there only for a segment with aborted transactions, so its absence is not reported)."""
+    if seg.index_layout == INDEX_BUNDLE:
+        return [keys.index_name(seg.object_name, segment_indexes.BUNDLE_KIND)]
+    return [keys.index_name(seg.object_name, kind) for kind in EXPECTED_INDEX_KINDS]
 
 
 def segment_object_names(seg: SegmentMeta) -> list[str]:
@@ -158,11 +167,11 @@ def classify(
             ))
             continue
         out.to_verify.append(CheckTask(where, key, seg))
-        for kind in EXPECTED_INDEX_KINDS:
-            index = keys.index_name(seg.object_name, kind)
+        for index in expected_index_names(seg):
             if index not in listed:
                 out.warnings.append(f"{where}: {prefix + index} is missing (recovery and "
-                                    "reads rebuild it from the segment)")
+                                    "reads rebuild the offset and time indexes from the "
+                                    "segment; a transaction index cannot be rebuilt)")
     for name, replaced_at in replaced.items():
         stem = SegmentMeta(0, 0, -1, -1, 0, 0, 0, 0, name=name)
         for obj in segment_object_names(stem):

@@ -103,6 +103,7 @@ def segment(
     crc: int = 0x1234ABCD,
     name: str = "",
     compacted: bool = False,
+    index_layout: int = 0,
 ) -> SegmentMeta:
     """A segment of `count` offsets from `base`, timestamps 1 ms per offset by default."""
     t0 = base if ts is None else ts
@@ -117,10 +118,12 @@ def segment(
         checksum=crc,
         compacted=compacted,
         name=name,
+        index_layout=index_layout,
     )
 
 
-def run_of(start: int, n: int, count: int = 100, *, term: int = 1) -> list[SegmentMeta]:
+def run_of(start: int, n: int, count: int = 100, *, term: int = 1, index_layout: int = 0
+           ) -> list[SegmentMeta]:
     """`n` contiguous segments of `count` offsets each, starting at `start`, with varied
     checksums and sizes (so delta coding sees realistic numbers)."""
     return [
@@ -130,6 +133,7 @@ def run_of(start: int, n: int, count: int = 100, *, term: int = 1) -> list[Segme
             term=term,
             size=(1 << 20) + (i * 7919) % 65536,
             crc=(i * 2654435761) & 0xFFFFFFFF,
+            index_layout=index_layout,
         )
         for i in range(n)
     ]

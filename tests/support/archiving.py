@@ -128,6 +128,19 @@ def before_put_file(monkeypatch: pytest.MonkeyPatch, store: ObjectStore,
     monkeypatch.setattr(store, "put_file", hooked)
 
 
+def before_put(monkeypatch: pytest.MonkeyPatch, store: ObjectStore,
+               hook: Callable[[str], None]) -> None:
+    """Make `store.put` (an object from bytes: index bundles, manifests) call `hook(key)`
+    first."""
+    put = store.put
+
+    def hooked(key: str, data: bytes, **kwargs: Any) -> Any:
+        hook(key)
+        return put(key, data, **kwargs)
+
+    monkeypatch.setattr(store, "put", hooked)
+
+
 def closed_segments(log_dir: Path, topic: str, partition: int) -> list[Path]:
     part = LocalLog([log_dir]).partition(TopicPartition(topic, partition))
     return [s.log_path for s in part.closed_segments]

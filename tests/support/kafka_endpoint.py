@@ -21,6 +21,7 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
+from manifests import segment_indexes
 from support.remote import LogImage, archive
 from support.s3 import condition_form
 from tiered.app.daemon import Daemon
@@ -242,7 +243,8 @@ def build_history(moto_endpoint: str, base: Path) -> History:
     # (Ceph RGW takes the bare ETag only)
     with open_store(config.store_settings()) as store:
         archive(config, store)
-        assert any(i.key.endswith(".txnindex") for i in store.list(""))
+        assert any("txnindex" in segment_indexes.decode_bundle(store.get(i.key))
+                   for i in store.list("") if i.key.endswith(".indexes"))
     local_start = {(TOPIC, p): drop_closed_below(log_dir, TOPIC, p, end // 2)
                    for p, end in ends.items()}
     local_start[(TXN_TOPIC, 0)] = drop_closed_below(log_dir, TXN_TOPIC, 0, txn_end // 2)

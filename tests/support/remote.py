@@ -257,3 +257,62 @@ def private_remote(tmp_path: Path, factory: pytest.TempPathFactory) -> Fixture:
     config = make_config(tmp_path)
     store = FileStore(StoreSettings(url=(tmp_path / "bucket").as_uri()))
     return Fixture(config, store, image, end)
+
+
+def as_earlier_releases_wrote(store: ObjectStore, topic: str = TOPIC, partition: int = 0
+                              ) -> int:
+    """Rewrite a partition in the bucket as releases before the index bundle left it: each
+    segment's indexes as Kafka's own files, one object per kind (no `.txnindex` for a segment
+    without aborted transactions), and a head and archived manifests that record no index
+    layout (version 1 archives, under their new checksums). Returns the segments rewritten."""
+    from dataclasses import replace
+
+    import crc32c
+
+    from manifests import segment_indexes
+    from manifests.model import INDEX_FILES, ArchiveTable, SegmentMeta, SegmentTable
+    from manifests.serde import (
+        decode_archived_manifest,
+        decode_partition_manifest,
+        encode_archived_manifest,
+        encode_partition_manifest,
+    )
+
+    [head] = [i.key for i in store.list("")
+              if f"/meta/kafka/{topic}/{partition}_" in i.key
+              and i.key.endswith("/manifest.json")]
+    m = decode_partition_manifest(store.get(head), key=head)
+
+    def rewrite(segs: SegmentTable) -> SegmentTable:
+        rows: list[SegmentMeta] = []
+        for seg in segs:
+            sections = segment_indexes.read_indexes(
+                store, m.data_prefix, seg.object_name, seg.index_layout,
+                segment_indexes.INDEX_KINDS)
+            files = {kind: data for kind, data in sections.items()
+                     if data is not None and (data or kind != "txnindex")}
+            segment_indexes.write_indexes(store, m.data_prefix, seg.object_name, files,
+                                          INDEX_FILES)
+            store.delete_many([m.data_prefix + name for name in
+                               segment_indexes.index_object_names(seg)
+                               if name.endswith(".indexes")])
+            rows.append(replace(seg, index_layout=INDEX_FILES))
+        return SegmentTable.from_rows(rows)
+
+    entries = []
+    count = 0
+    for entry in m.archives:
+        assert entry.level == 0, "rewrites level-0 archived manifests only"
+        old_key = m.archive_key(entry)
+        archived = decode_archived_manifest(store.get(old_key), key=old_key)
+        segs = rewrite(archived.segments)
+        count += len(segs)
+        data = encode_archived_manifest(replace(archived, segments=segs))
+        entry = replace(entry, checksum=crc32c.crc32c(data))
+        store.put(m.archive_key(entry), data)
+        store.delete_many([old_key])
+        entries.append(entry)
+    head_segments = rewrite(m.segments)
+    new = m.evolve(segments=head_segments, archives=ArchiveTable.from_rows(entries))
+    store.put(head, encode_partition_manifest(new))
+    return count + len(head_segments)

@@ -8,7 +8,15 @@ from typing import Any
 import crc32c
 import pytest
 
-from manifests import ManifestSettings, ManifestStore, PartitionManifest, SegmentMeta, edits, keys
+from manifests import (
+    ManifestSettings,
+    ManifestStore,
+    PartitionManifest,
+    SegmentMeta,
+    edits,
+    keys,
+    segment_indexes,
+)
 from manifests.topic import TopicManifest, save_topic_manifest
 from spark_jobs.job_context import JobContext
 from tiered.config import Config, parse_config
@@ -131,12 +139,12 @@ def assert_every_offset_reads_back(mstore: ManifestStore, partition: int, log: b
     for off, batch in expected.items():
         seg = mstore.find_offset(m, off)
         key = m.segment_key(seg)
-        if key not in cache:
-            index_key = keys.object_key(TOPIC, partition, REVISION,
-                                        keys.index_name(seg.object_name, "index"))
+        if key not in cache:  # seeded segments keep Kafka's files, merged ones a bundle
+            index = segment_indexes.read_indexes(mstore.store, m.data_prefix, seg.object_name,
+                                                 seg.index_layout, ("index",))["index"]
+            assert index is not None, f"{seg.object_name} has no offset index"
             cache[key] = (mstore.store.get(key),
-                          OffsetIndex.from_bytes(mstore.store.get(index_key),
-                                                 base_offset=seg.base_offset))
+                          OffsetIndex.from_bytes(index, base_offset=seg.base_offset))
         data, index = cache[key]
         pos = index.lookup(off).position
         for h in iter_batch_headers(data, pos):

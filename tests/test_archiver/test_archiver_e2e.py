@@ -7,7 +7,6 @@ The helpers here (config, log writing, a fake clock and disk) are shared by the 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from support.archiving import (
@@ -22,7 +21,7 @@ from support.archiving import (
 )
 
 from archiver.service import Archiver
-from manifests import keys
+from manifests import segment_indexes
 from manifests.topic import load_topic_manifest
 from tiered.store.base import ObjectStore
 
@@ -56,10 +55,10 @@ def test_multi_partition_log_archived_exactly_once_and_byte_identical(
             assert body == path.read_bytes()
             assert seg.size_bytes == len(body)
             assert seg.writer_term == 1
-            index = s3_store.get(keys.object_key(
-                topic, p, m.revision, keys.index_name(seg.object_name, "index")))
-            assert hashlib.sha256(index).digest() == hashlib.sha256(
-                path.with_suffix(".index").read_bytes()).digest()
+            indexes = segment_indexes.read_indexes(s3_store, m.data_prefix, seg.object_name,
+                                                   seg.index_layout, ("index", "timeindex"))
+            for kind in ("index", "timeindex"):
+                assert indexes[kind] == path.with_suffix(f".{kind}").read_bytes()
 
     # a partition whose data all sits in the active segment uploads nothing
     assert load_manifest(s3_store, log_dir, "orders", 2).last_offset == -1

@@ -16,6 +16,7 @@ from support.archiving import (
     T0,
     Clock,
     Disk,
+    before_put,
     before_put_file,
     closed_segments,
     drain,
@@ -29,6 +30,7 @@ from archiver import uploader
 from archiver.service import Archiver
 from archiver.upload_limits import ConcurrencyLimit, TokenBucket
 from archiver.upload_policy import PolicyInputError
+from manifests import segment_indexes
 from tiered.config import Config
 from tiered.kafka.checkpoints import TopicPartition
 from tiered.kafka.log_writer import LogWriter, ProducerRecord, write_high_watermarks
@@ -105,7 +107,7 @@ def test_a_segment_goes_up_while_it_is_verified_and_appears_after(
     m = load_manifest(file_store, log_dir, "orders", 0)
     assert len(m.segments) == len(closed_segments(log_dir, "orders", 0))
     for seg in m.segments:  # every object has its indexes beside it
-        assert file_store.exists(m.segment_key(seg).removesuffix(".log") + ".index")
+        assert file_store.exists(m.segment_key(seg).removesuffix(".log") + ".indexes")
 
 
 def test_index_puts_of_one_partition_run_side_by_side(
@@ -116,14 +118,17 @@ def test_index_puts_of_one_partition_run_side_by_side(
     config, log_dir = two_closed_segments(tmp_path)
     together = threading.Barrier(2, timeout=10)
 
-    def meet(key: str) -> None:
-        if key.endswith(".index"):
-            together.wait()  # both segments' .index PUTs in flight at once, or it breaks
+    met: list[str] = []
 
-    before_put_file(monkeypatch, file_store, meet)
+    def meet(key: str) -> None:
+        if key.endswith(".indexes"):
+            together.wait()  # both segments' index PUTs in flight at once, or it breaks
+            met.append(key)
+
+    before_put(monkeypatch, file_store, meet)
     archiver = Archiver(config, file_store, clock=Clock(), disk_usage=Disk(), fixed_shares=1000)
     assert archiver.upload_round().ok
-    assert not together.broken
+    assert not together.broken and len(met) == 2
     m = load_manifest(file_store, log_dir, "orders", 0)
     assert len(m.segments) == 2
 
@@ -141,8 +146,9 @@ def test_an_early_upload_pays_for_its_indexes_up_front(
     report = archiver.upload_round()
     assert report.ok
     segments = closed_segments(log_dir, "orders", 0)
-    kinds = (".log", ".index", ".timeindex")
-    expected = sorted(sum(seg.with_suffix(k).stat().st_size for k in kinds) for seg in segments)
+    expected = sorted(seg.stat().st_size + segment_indexes.bundle_size(
+        [seg.with_suffix(k).stat().st_size for k in (".index", ".timeindex")])
+        for seg in segments)
     assert sorted(acquired) == expected
     assert sum(acquired) == report.partitions[0].uploaded_bytes
 

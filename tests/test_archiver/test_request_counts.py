@@ -69,8 +69,8 @@ def test_a_first_pass_reads_each_head_once_and_creates_it_after_one_listing(
         # creating the head: one listing of the partition's prefixes first (docs/format.md,
         # "Losing objects"), then the head and its copy; the head is not read a second time
         ("list", "partition"): 1, ("put", "head"): 1, ("put", "copy"): 1,
-        # two segments, each with its offset and time index
-        ("put", "segment"): 2, ("put", "index"): 4,
+        # two segments, each with one index bundle (offset and time index)
+        ("put", "segment"): 2, ("put", "index"): 2,
     }
 
 
@@ -115,10 +115,12 @@ def test_a_round_shares_one_commit_among_its_segments(tmp_path: Path) -> None:
     segments = sum(p.uploaded_segments for p in report.partitions)
     assert segments >= 2 * PARTITIONS
     seen = store.take()
-    # per segment: the segment and its two indexes; per partition: one commit and its copy,
+    # per segment: the segment and its index bundle; per partition: one commit and its copy,
     # onto the head this process holds (no read, no listing)
-    assert seen == Counter({("put", "segment"): segments, ("put", "index"): 2 * segments,
+    assert seen == Counter({("put", "segment"): segments, ("put", "index"): segments,
                             ("put", "head"): PARTITIONS, ("put", "copy"): PARTITIONS})
+    # so a round of two segments costs 3 requests per segment
+    assert segments == 2 * PARTITIONS and seen.total() == 3 * segments
 
 
 def test_an_idle_partition_costs_no_request_until_its_next_full_pass(

@@ -29,6 +29,7 @@ from support.remote import (
     LogImage,
     archive,
     archived_partition,
+    as_earlier_releases_wrote,
     drop_local_segments,
     make_config,
     partition_dir,
@@ -107,13 +108,63 @@ def test_sparse_or_missing_index_objects_still_read_correctly(remote_copy: Fixtu
     verified too) and the header walk finds every batch."""
     fx = remote_copy
     store = fx.store
-    removed = [info.key for info in store.list("") if info.key.endswith(".index")]
+    removed = [info.key for info in store.list("") if info.key.endswith(".indexes")]
     assert removed
     store.delete_many(removed)
     with fx.reader() as reader:
         for offset in range(0, fx.end, 13):
             assert reader.fetch(TOPIC, 0, offset, 500).data == fx.image.expected(offset, 500)
         assert reader.stats["index_fallbacks"] > 0
+
+
+class _IndexGets(CountingStore):
+    """Records the index objects read."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.index_gets: list[str] = []
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
+        if not key.endswith((".log", ".json")) and "manifest.json" not in key:
+            self.index_gets.append(key.rsplit("/", 1)[-1])
+        return super().get(key, byte_range)
+
+
+def test_one_get_brings_a_segment_s_offset_and_time_index(remote_copy: Fixture) -> None:
+    fx = remote_copy
+    store = _IndexGets(fx.store)
+    probes = [record_timestamp(o) for o in range(0, fx.end, 7)]
+    with Reader(fx.config, store, local_log=LocalLog(fx.config.log_dirs),
+                metadata_ttl_s=60.0) as reader:
+        for offset in range(0, fx.end, 7):
+            assert reader.fetch(TOPIC, 0, offset, 500).data == fx.image.expected(offset, 500)
+        for ts in probes:  # the time indexes came with the offset indexes
+            assert reader.offset_for_timestamp(TOPIC, 0, ts).offset == fx.image.offset_for(ts)  # type: ignore[union-attr]
+        assert reader.stats["index_fallbacks"] == 0
+    assert store.index_gets
+    assert all(name.endswith(".indexes") for name in store.index_gets)
+    assert len(store.index_gets) == len(set(store.index_gets))
+
+
+def test_segments_with_kafka_index_files_from_earlier_releases_read_the_same(
+        remote_copy: Fixture) -> None:
+    """A bucket written before the index bundle: one object per index kind, a head with no
+    index layout. Every offset and timestamp reads as before, through the indexes."""
+    fx = remote_copy
+    assert as_earlier_releases_wrote(fx.store) > 1
+    names = [i.key.rsplit("/", 1)[-1] for i in fx.store.list("")]
+    assert not [n for n in names if n.endswith(".indexes")]
+    assert [n for n in names if n.endswith(".timeindex")]
+    store = _IndexGets(fx.store)
+    with Reader(fx.config, store, local_log=LocalLog(fx.config.log_dirs),
+                metadata_ttl_s=60.0) as reader:
+        for offset in range(0, fx.end, 11):
+            assert reader.fetch(TOPIC, 0, offset, 500).data == fx.image.expected(offset, 500)
+        for ts in [record_timestamp(o) + d for o in range(0, fx.end, 13) for d in (-1, 0)]:
+            got = reader.offset_for_timestamp(TOPIC, 0, ts)
+            assert (None if got is None else got.offset) == fx.image.offset_for(ts)
+        assert reader.stats["index_fallbacks"] == 0
+    assert {n.rsplit(".", 1)[-1] for n in store.index_gets} == {"index", "timeindex"}
 
 
 def test_whole_segment_downloads_when_chunk_reads_are_disabled(tmp_path: Path,
@@ -538,7 +589,7 @@ class _SlowBackgroundIndexes(CountingStore):
         self.begun = self.ended = 0
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
-        if not key.endswith(".index"):
+        if not key.endswith(".indexes"):
             return super().get(key, byte_range)
         self.begun += 1
         try:
@@ -604,7 +655,7 @@ class _IndexAfterBytes(CountingStore):
         self.index_waited: list[bool] = []
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Blob:
-        if key.endswith(".index"):
+        if key.endswith(".indexes"):
             self.index_waited.append(self.streamed.wait(2.0))
         return super().get(key, byte_range)
 

@@ -9,7 +9,15 @@ import random
 import uuid
 from pathlib import Path
 
-from support.remote import TOPIC, CountingStore, archive, drop_local_segments, make_config
+import pytest
+from support.remote import (
+    TOPIC,
+    CountingStore,
+    archive,
+    as_earlier_releases_wrote,
+    drop_local_segments,
+    make_config,
+)
 
 from cache.reader import Reader
 from tiered.kafka.checkpoints import TopicPartition
@@ -17,6 +25,7 @@ from tiered.kafka.local_log import LocalLog
 from tiered.kafka.log_writer import LogWriter, ProducerRecord
 from tiered.kafka.txnindex import AbortedTxn
 from tiered.store import FileStore, StoreSettings
+from tiered.store.errors import ObjectNotFound
 
 
 def _write(config_dir: Path, seed: int) -> tuple[list[tuple[int, int, int]], int]:
@@ -51,12 +60,19 @@ def _write(config_dir: Path, seed: int) -> tuple[list[tuple[int, int, int]], int
         return aborted, w.log_end_offset
 
 
-def test_aborted_transactions_from_bucket_and_local_files(tmp_path: Path) -> None:
+@pytest.mark.parametrize("earlier_release", [False, True], ids=["bundles", "kafka_files"])
+def test_aborted_transactions_from_bucket_and_local_files(tmp_path: Path,
+                                                          earlier_release: bool) -> None:
+    """From the index bundles, and from the `.txnindex` objects of a bucket written before
+    them."""
     config = make_config(tmp_path)
     aborted, end = _write(config.log_dirs[0], seed=5)
     assert len(aborted) > 10
     store = CountingStore(FileStore(StoreSettings(url=(tmp_path / "bucket").as_uri())))
     archive(config, store)
+    if earlier_release:
+        as_earlier_releases_wrote(store)
+        assert [i for i in store.list("") if i.key.endswith(".txnindex")]
     drop_local_segments(config, below=end // 2)  # the first half only in the bucket
     local_start = LocalLog(config.log_dirs).partition(TopicPartition(TOPIC, 0)).log_start_offset
     assert local_start is not None and 0 < local_start < end
@@ -73,3 +89,20 @@ def test_aborted_transactions_from_bucket_and_local_files(tmp_path: Path) -> Non
         reader.aborted_transactions(TOPIC, 0, 0, end)
         assert store.calls.get("get", 0) == gets  # the bucket's indexes were remembered
         assert reader.stats["txnindex_downloads"] > 0
+
+
+def test_a_lost_index_bundle_fails_a_read_committed_answer_rather_than_omit_aborts(
+        tmp_path: Path) -> None:
+    """Absence is not evidence: without its bundle, which transactions of a segment were
+    aborted is unknown, and answering "none" would hand aborted records to a read_committed
+    consumer."""
+    config = make_config(tmp_path)
+    aborted, end = _write(config.log_dirs[0], seed=7)
+    store = FileStore(StoreSettings(url=(tmp_path / "bucket").as_uri()))
+    archive(config, store)
+    drop_local_segments(config)
+    bundles = [i.key for i in store.list("") if i.key.endswith(".indexes")]
+    store.delete_many(bundles[:1])
+    with Reader(config, store, local_log=LocalLog(config.log_dirs),
+                metadata_ttl_s=60.0) as reader, pytest.raises(ObjectNotFound):
+        reader.aborted_transactions(TOPIC, 0, 0, end)

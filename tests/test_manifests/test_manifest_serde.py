@@ -18,7 +18,13 @@ from manifest_fakes import run_of, segment
 from manifests import edits
 from manifests.errors import CorruptManifest, UnsupportedManifestVersion
 from manifests.manifest import ArchivedManifest, PartitionManifest, manifest_problem
-from manifests.model import HEAD_FORMAT_VERSION, SegmentMeta, SegmentTable
+from manifests.model import (
+    HEAD_FORMAT_VERSION,
+    INDEX_BUNDLE,
+    INDEX_LAYOUTS,
+    SegmentMeta,
+    SegmentTable,
+)
 from manifests.serde import (
     decode_archived_manifest,
     decode_partition_manifest,
@@ -99,6 +105,7 @@ def segment_runs(draw: st.DrawFn, start: int, term: int) -> list[SegmentMeta]:
                 checksum=draw(st.integers(0, 2**32 - 1)),
                 compacted=draw(st.booleans()),
                 name=draw(st.sampled_from(["", "", "", f"{base}-x.log"])),
+                index_layout=draw(st.sampled_from(INDEX_LAYOUTS)),
             )
         )
         base += count
@@ -164,12 +171,12 @@ def test_archived_manifest_round_trips(segs: list[SegmentMeta]) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 200))
-def test_row_cost_estimate_matches_serialized_growth(n: int) -> None:
+@given(st.integers(1, 200), st.sampled_from(INDEX_LAYOUTS))
+def test_row_cost_estimate_matches_serialized_growth(n: int, layout: int) -> None:
     """The spill planner's per-segment byte estimate is exact for every row after the first
     (the table's `count` field grows by its extra digits)."""
-    segs = SegmentTable.from_rows(run_of(10**9, n))
-    one = SegmentTable.from_rows(run_of(10**9, 1))
+    segs = SegmentTable.from_rows(run_of(10**9, n, index_layout=layout))
+    one = SegmentTable.from_rows(run_of(10**9, 1, index_layout=layout))
     m1 = PartitionManifest.new("t", 0, 1).evolve(segments=one)
     mn = PartitionManifest.new("t", 0, 1).evolve(segments=segs)
     growth = len(encode_partition_manifest(mn)) - len(encode_partition_manifest(m1))
@@ -261,6 +268,54 @@ def test_a_recorded_start_makes_a_version_3_head_and_round_trips() -> None:
     v3 |= {"version": 3, "gc_cutoff_ms": 0}
     with pytest.raises(CorruptManifest, match="missing \\['collectable_below'\\]"):
         decode_partition_manifest(encode(v3), key=KEY)
+
+
+def test_index_bundles_make_a_version_4_head_and_round_trip() -> None:
+    """A segment whose indexes travel as one bundle needs the `index_layout` column: version
+    4, with the fields of 2 and 3; a head of Kafka index files only stays what older releases
+    wrote, and reads back with every segment in that layout."""
+    old = decode_partition_manifest(encode(doc()), key=KEY)
+    assert all(seg.index_layout == 0 for seg in old.segments)
+    assert "index_layout" not in json.loads(encode_partition_manifest(old))["segments"]
+    m = edits.add_segments(old, run_of(old.next_offset, 2, index_layout=INDEX_BUNDLE))
+    doc_ = json.loads(encode_partition_manifest(m))
+    assert doc_["version"] == 4 and doc_["gc_cutoff_ms"] == 0
+    assert doc_["collectable_below"] == 0
+    assert doc_["segments"]["index_layout"] == [0] * len(old.segments) + [1, 1]
+    assert doc_["replaced"]["index_layout"] == [0] * len(old.replaced)  # every table has it
+    assert decode_partition_manifest(encode_partition_manifest(m), key=KEY) == m
+
+
+def test_the_index_layout_column_belongs_to_version_4_and_known_layouts() -> None:
+    old = decode_partition_manifest(encode(doc()), key=KEY)
+    m = edits.add_segments(old, run_of(old.next_offset, 1, index_layout=INDEX_BUNDLE))
+    v4 = json.loads(encode_partition_manifest(m))
+    v3 = json.loads(encode_partition_manifest(m)) | {"version": 3}
+    with pytest.raises(CorruptManifest, match=r"unknown fields \['index_layout'\]"):
+        decode_partition_manifest(encode(v3), key=KEY)
+    v4["segments"]["index_layout"][-1] = 7
+    with pytest.raises(CorruptManifest, match="index_layout holds a layout other than"):
+        decode_partition_manifest(encode(v4), key=KEY)
+    v4["segments"]["index_layout"] = [1, 1, 1, 1, 1, 1, 1, 1]
+    with pytest.raises(CorruptManifest, match="index_layout must be a list of"):
+        decode_partition_manifest(encode(v4), key=KEY)
+    del v4["replaced"]["index_layout"]  # within a version the field set is exact
+    with pytest.raises(CorruptManifest, match="replaced.index_layout must be a list of"):
+        decode_partition_manifest(encode(v4), key=KEY)
+
+
+def test_an_archived_manifest_of_bundles_is_version_2() -> None:
+    files = ArchivedManifest("orders", 1, "9", 7, 0,
+                             segments=SegmentTable.from_rows(run_of(0, 3)))
+    assert json.loads(encode_archived_manifest(files))["version"] == 1
+    bundles = ArchivedManifest("orders", 1, "9", 7, 0, segments=SegmentTable.from_rows(
+        run_of(0, 3, index_layout=INDEX_BUNDLE)))
+    d = json.loads(encode_archived_manifest(bundles))
+    assert d["version"] == 2 and d["segments"]["index_layout"] == [1, 1, 1]
+    assert decode_archived_manifest(encode_archived_manifest(bundles)) == bundles
+    d["version"] = 1
+    with pytest.raises(CorruptManifest, match=r"unknown fields \['index_layout'\]"):
+        decode_archived_manifest(encode(d))
 
 
 def test_archived_manifest_of_a_newer_version_is_refused() -> None:

@@ -28,8 +28,9 @@ from support.spark import (
     upload_segments,
 )
 
-from manifests import edits, keys
+from manifests import edits, keys, segment_indexes
 from manifests.errors import ManifestConflict
+from manifests.model import INDEX_BUNDLE
 from spark_jobs.job_context import JobContext, PartitionRef
 from spark_jobs.merge import build_tasks, run_merge
 from spark_jobs.merge_exec import merge_run
@@ -61,8 +62,10 @@ def test_many_small_segments_become_fewer_within_target_and_read_back_identical(
         assert all(ctx.store.exists(m.segment_key(r.segment)) for r in m.replaced)
         assert_every_offset_reads_back(ctx.manifests, p, logs[p])
     merged = next(seg for seg in m.segments if seg.name)
-    index = ctx.store.get(keys.object_key(TOPIC, 1, REVISION,
-                                          keys.index_name(merged.object_name, "index")))
+    assert merged.index_layout == INDEX_BUNDLE
+    index = segment_indexes.read_indexes(ctx.store, m.data_prefix, merged.object_name,
+                                         merged.index_layout, ("index",))["index"]
+    assert index is not None
     assert len(OffsetIndex.from_bytes(index, base_offset=merged.base_offset)) > 4
 
 
@@ -120,7 +123,7 @@ def test_daemon_retention_invalidating_a_run_replans_and_deletes_the_stale_objec
 
     summary = run_merge(ctx, before_commit=retention)
     assert summary["ok"], summary["errors"]
-    assert summary["unreferenced_objects_deleted"] >= 3  # segment + two indexes
+    assert summary["unreferenced_objects_deleted"] >= 2  # segment + its index bundle
     m, whole = read_back(ctx.manifests, 0)
     cut = batches_by_offset(logs[0])
     start = m.log_start_offset

@@ -43,6 +43,7 @@ from tiered.kafka.checkpoints import (
     read_offset_checkpoint,
 )
 from tiered.kafka.local_log import LocalLog
+from tiered.kafka.log_writer import LogWriter, ProducerRecord
 from tiered.kafka.segment import segment_file_name
 from tiered.store import open_store
 from tiered.store.base import ObjectStore
@@ -167,6 +168,11 @@ def test_missing_index_objects_are_rebuilt(
     summary = run_recover(ctx, topic=TOPIC, log_dir=out, max_bytes=None)
 
     assert summary["ok"], summary["errors"]
+    _assert_rebuilt_partition_0(summary, archived, out)
+
+
+def _assert_rebuilt_partition_0(summary: dict[str, Any], archived: Archived, out: Path) -> None:
+    """Partition 0 came back byte for byte, every index rebuilt as the broker wrote it."""
     p0 = next(p for p in summary["partitions"] if p["partition"] == 0)
     assert p0["indexes_rebuilt"] == len(archived.segments[0])
     for seg in LocalLog([out]).partition(TopicPartition(TOPIC, 0)).closed_segments:
@@ -288,3 +294,37 @@ def test_recover_what_the_archiver_uploaded(tmp_path: Path, spark: Any) -> None:
         assert part.log_end_offset() == last + 1
         assert list(part.leader_epochs) == [
             e for e in epochs[part.partition] if e.start_offset <= last]
+
+
+def test_a_lost_index_bundle_is_rebuilt_unless_its_segment_holds_transactions(
+        tmp_path: Path, spark: Any) -> None:
+    """Without its bundle a segment's offset and time indexes are rebuilt from the log; which
+    of its transactions were aborted cannot be, so a segment with transactional batches is
+    refused and named rather than restored as if nothing had been aborted."""
+    log_dir = write_log(tmp_path / "log", partitions=1)
+    with LogWriter(log_dir / f"{TOPIC}-1", topic_id=TOPIC_ID, fsync=False,
+                   index_interval_bytes=INDEX_INTERVAL_BYTES) as writer:
+        writer.become_leader(1)
+        writer.append([ProducerRecord(b"plain")])
+        writer.append([ProducerRecord(b"aborted")], producer_id=7, producer_epoch=0,
+                      base_sequence=0, transactional=True)
+        writer.append_control("abort", producer_id=7, producer_epoch=0)
+        writer.roll()
+        writer.append([ProducerRecord(b"active")])
+    config = make_config(tmp_path, log_dir=log_dir,
+                         log_index_interval_bytes=INDEX_INTERVAL_BYTES)
+    out = tmp_path / "recovered"
+    with open_store(config.store_settings()) as store:
+        ctx = make_context(config, store)
+        archived = archive_with_archiver(config, store, ctx)
+        bundles = [i.key for i in store.list("") if i.key.endswith(".indexes")]
+        assert len(bundles) == len(archived.segments[0]) + 1
+        store.delete_many(bundles)
+
+        summary = run_recover(ctx, topic=TOPIC, log_dir=out, max_bytes=None)
+
+    assert not summary["ok"]
+    [error] = summary["errors"]
+    assert f"{TOPIC}-1" in error or "/1_" in error
+    assert "transactional batches" in error
+    _assert_rebuilt_partition_0(summary, archived, out)

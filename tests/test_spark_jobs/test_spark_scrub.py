@@ -262,7 +262,12 @@ def test_scrub_what_the_archiver_uploaded(tmp_path: Path, spark: Any) -> None:
         archived = archive_with_archiver(config, store, ctx)
         clean = run_scrub(ctx, topic=None, delete_orphans=False, now_ms=LATER_MS)
         assert clean["ok"], clean["anomalies"]
-        assert clean["warnings"] == []  # the archiver uploads both indexes
+        assert clean["warnings"] == []  # the archiver uploads every segment's index bundle
+        lost = segment_key(1, archived.segments[1][0]).removesuffix(".log") + ".indexes"
+        store.delete_many([lost])
+        missing = run_scrub(ctx, topic=None, delete_orphans=False, now_ms=LATER_MS)
+        assert missing["ok"]
+        assert [w for w in missing["warnings"] if lost in w and "cannot be rebuilt" in w]
         victim = segment_key(0, archived.segments[0][-1])
         data = bytearray(store.get(victim))
         data[-1] ^= 0x80

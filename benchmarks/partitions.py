@@ -7,7 +7,8 @@ bucket:
 1. `archive --once` as the command runs it (a passive lease member, maximum shares), in this
    process over a store that counts every request by operation and kind of object: wall
    time, segments/s, requests per segment and per partition;
-2. the baseline: a boto3 script doing the same PUTs (every segment and its index files)
+2. the baseline: a boto3 script doing the same PUTs (every segment, and its index files as
+   one object, as the archiver bundles them)
    with the same concurrency (the archiver's upload budget) into another bucket of the same
    server, in the same run: segments/s and tiered's ratio to it;
 3. `tiered run` as a child process on the archived bucket: seconds from start until every
@@ -94,14 +95,25 @@ def write_log(log_dir: Path, partitions: int) -> None:
     (log_dir / "meta.properties").write_text(f"node.id={NODE}\n")
 
 
-def closed_files(log_dir: Path) -> list[Path]:
-    """Every closed segment's files (`.log`, `.index`, `.timeindex`): what gets uploaded."""
-    out = []
+#: one object to put: its key and the files whose bytes, concatenated, are its body
+Upload = tuple[str, tuple[Path, ...]]
+
+
+def closed_files(log_dir: Path) -> list[Upload]:
+    """What gets uploaded of every closed segment: its `.log`, and its `.index` and
+    `.timeindex` in one object (the archiver's bundle adds a few bytes of framing)."""
+    out: list[Upload] = []
     for part in sorted(p for p in log_dir.iterdir() if p.is_dir()):
         logs = sorted(part.glob("*.log"))[:-1]  # the last one is active
         for seg in logs:
-            out += [seg, seg.with_suffix(".index"), seg.with_suffix(".timeindex")]
+            out.append((f"{part.name}/{seg.name}", (seg,)))
+            out.append((f"{part.name}/{seg.stem}.indexes",
+                        (seg.with_suffix(".index"), seg.with_suffix(".timeindex"))))
     return out
+
+
+def _body(paths: tuple[Path, ...]) -> bytes:
+    return b"".join(p.read_bytes() for p in paths)
 
 
 # --- the phases -------------------------------------------------------------------------------
@@ -163,15 +175,14 @@ class MotoBuckets:
         self.moto.create_bucket(name)
         return name, self.moto.endpoint
 
-    def baseline(self, name: str, files: list[Path], concurrency: int,
+    def baseline(self, name: str, files: list[Upload], concurrency: int,
                  segments: int) -> dict[str, Any]:
         """The same PUTs with the same concurrency, by a plain boto3 script."""
         self.moto.create_bucket(name)
         client = self.moto.client(max_pool_connections=concurrency)
 
-        def put(path: Path) -> None:
-            client.put_object(Bucket=name, Key=f"{path.parent.name}/{path.name}",
-                              Body=path.read_bytes())
+        def put(upload: Upload) -> None:
+            client.put_object(Bucket=name, Key=upload[0], Body=_body(upload[1]))
 
         return _timed_puts(put, files, concurrency, segments, client.close)
 
@@ -210,13 +221,13 @@ class FileBuckets:
 
         return open_store(StoreSettings(url=f"file://{self.root / name}"), probe=False)
 
-    def baseline(self, name: str, files: list[Path], concurrency: int,
+    def baseline(self, name: str, files: list[Upload], concurrency: int,
                  segments: int) -> dict[str, Any]:
         self.create(name)
         store = self._store(name)
 
-        def put(path: Path) -> None:
-            store.put(f"{path.parent.name}/{path.name}", path.read_bytes())
+        def put(upload: Upload) -> None:
+            store.put(upload[0], _body(upload[1]))
 
         return _timed_puts(put, files, concurrency, segments, store.close)
 
@@ -237,7 +248,7 @@ class FileBuckets:
 Buckets = MotoBuckets | FileBuckets
 
 
-def _timed_puts(put: Callable[[Path], object], files: list[Path], concurrency: int,
+def _timed_puts(put: Callable[[Upload], object], files: list[Upload], concurrency: int,
                 segments: int, close: Callable[[], object]) -> dict[str, Any]:
     start = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:

@@ -8,7 +8,7 @@ written with `LogWriter`, archived into the bucket by the real archiver, and rea
   - `tiered_chunks`: `Reader.fetch` through the chunk cache (`--chunk-mb`, default 16 MiB);
   - `whole_segment`: the same with `cloud_storage_disable_chunk_reads` (whole-object GET);
   - `fsspec_blockcache`: `fsspec.caching.BlockCache` (same block size) fed by boto3 ranged
-    GETs, positioned with the same `.index` object (downloaded and counted too);
+    GETs, positioned with the same index object (downloaded and counted too);
   bytes are split into segment bytes and metadata (manifests, index, listing);
 * warm fetch: the same 1 MiB again from the cache (`capped` eviction keeps the chunks),
   against `Reader.fetch` from the local log and a bare `os.pread` of those bytes;
@@ -47,6 +47,7 @@ from _common import MIB, MotoServer, emit, mb_per_s, progress, versions
 from archiver.service import Archiver
 from archiver.space import DiskInfo
 from cache.reader import Reader
+from manifests import segment_indexes
 from tiered.config import Config, parse_config
 from tiered.kafka.builder import encode_batch
 from tiered.kafka.checkpoints import TopicPartition
@@ -261,10 +262,11 @@ class Bench:
                 return data
 
             start = time.perf_counter()
-            index_key = self.segment_key.removesuffix(".log") + ".index"
+            index_key = self.segment_key.removesuffix(".log") + ".indexes"
             raw = client.get(index_key)
             counted["metadata"] += len(raw)
-            position = OffsetIndex.from_bytes(raw, base_offset=0).lookup(offset).position
+            index = segment_indexes.decode_bundle(raw, path=index_key)["index"]
+            position = OffsetIndex.from_bytes(index, base_offset=0).lookup(offset).position
             cache = BlockCache(self.chunk, fetcher, self.segment_size)
             data = cache._fetch(position, min(self.segment_size, position + self.fetch_bytes))
             took = time.perf_counter() - start

@@ -291,8 +291,6 @@ def _prepare_suffix(target: PartitionTarget, cand: UploadCandidate, log_path: Pa
                           byte_range=(begin, end))
 
 
-
-
 @dataclass(frozen=True)
 class UploadGate:
     """What every upload passes through: the budget's bandwidth and its concurrency, both
@@ -359,7 +357,7 @@ def put_indexes(store: ObjectStore, m: PartitionManifest, prep: PreparedUpload,
     sections = {kind: source.read_bytes() if isinstance(source, Path) else source
                 for kind, source in prep.indexes.items()}
     if limiter is not None:
-        limiter.acquire(sum(map(len, sections.values())))
+        limiter.acquire(segment_indexes.bundle_size(map(len, sections.values())))
     written = segment_indexes.write_indexes(store, m.data_prefix, prep.meta.object_name,
                                             sections, prep.meta.index_layout)
     return sum(size for _, size in written)

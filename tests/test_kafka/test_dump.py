@@ -199,3 +199,23 @@ def test_cli_exit_codes(segment: Segment) -> None:
     bad = runner.invoke(cli, ["log", "dump", str(segment.log_path), "--records"])
     assert bad.exit_code == 1
     assert "crcStatus: BAD" in bad.output
+
+
+def test_an_index_bundle_from_the_bucket_dumps_each_index(segment: Segment,
+                                                           tmp_path: Path) -> None:
+    from manifests import segment_indexes
+
+    sections = {"index": segment.index_path.read_bytes(),
+                "timeindex": segment.timeindex_path.read_bytes()}
+    bundle = tmp_path / "0-17-3.indexes"
+    bundle.write_bytes(segment_indexes.encode_bundle(sections))
+    runner = CliRunner()
+    good = runner.invoke(cli, ["log", "dump", str(bundle), "--json"])
+    assert good.exit_code == 0, good.output
+    docs = json.loads(good.output)
+    assert [d["kind"] for d in docs] == ["index", "timeindex"]
+    assert all(d["ok"] for d in docs)
+    assert docs[0] == {**dump_file(segment.index_path).to_json(), "path": docs[0]["path"]}
+    bundle.write_bytes(bundle.read_bytes()[:-1])  # a truncated download
+    bad = runner.invoke(cli, ["log", "dump", str(bundle)])
+    assert bad.exit_code != 0 and "not an index bundle" in bad.output

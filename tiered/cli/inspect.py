@@ -80,18 +80,55 @@ def log_group() -> None:
 @click.option("--records", is_flag=True, help="Also print every record of every batch.")
 @json_option
 def log_dump(path: Path, records: bool, as_json: bool) -> None:
-    """Dump a segment (.log), offset index (.index) or time index (.timeindex) file.
+    """Dump a segment (.log), offset index (.index) or time index (.timeindex) file, or a
+    bucket's index bundle (.indexes: each of its indexes in turn).
 
     Like kafka-dump-log.sh: one line per batch with offsets, count, timestamps, size and CRC
     status. Exits 1 when any batch fails its CRC or the file is truncated or malformed.
     """
     from tiered.kafka.dump import dump_file
 
-    report = dump_file(path, records=records)
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+    if path.name.endswith(".indexes"):
+        reports = _dump_bundle(path)
     else:
-        for line in report.lines():
-            click.echo(line)
-    if not report.ok:
+        reports = [dump_file(path, records=records)]
+    if as_json:
+        docs = [r.to_json() for r in reports]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+    else:
+        for report in reports:
+            for line in report.lines():
+                click.echo(line)
+    if not all(r.ok for r in reports):
         sys.exit(1)
+
+
+def _dump_bundle(path: Path) -> list[Any]:
+    """Each offset and time index of a bundle downloaded from the bucket, dumped as the Kafka
+    file it holds (offsets relative to the segment's base, from `{base}-{last}-{term}`). The
+    transaction index is not a kind `log dump` reads."""
+    import tempfile
+
+    from manifests import keys, segment_indexes
+    from tiered.errors import TieredError
+    from tiered.kafka.dump import dump_file
+    from tiered.kafka.segment import segment_file_name
+
+    try:
+        sections = segment_indexes.decode_bundle(path.read_bytes(), path=str(path))
+    except OSError as err:
+        raise TieredError(f"{path}: cannot read: {err.strerror or err}") from None
+    parsed = keys.parse_segment_name(path.name.removesuffix(".indexes") + keys.SEGMENT_SUFFIX)
+    base = parsed.base_offset if parsed is not None else 0
+    reports = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("index", "timeindex"):
+            data = sections.get(kind)
+            if data is None:
+                continue
+            section = Path(tmp) / segment_file_name(base, f".{kind}")
+            section.write_bytes(data)
+            report = dump_file(section)
+            report.path = Path(f"{path} ({kind})")
+            reports.append(report)
+    return reports

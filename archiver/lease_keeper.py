@@ -68,10 +68,16 @@ __all__ = ["LeaseKeeper", "LeaseStats", "LeaseView", "Ownership", "Role", "SoleW
 
 #: attempts to win a generation above a head manifest term that keeps moving
 ACQUIRE_ATTEMPTS = 3
-#: acquisitions in flight at once in one tick: each is two or three requests in series, so
-#: taking thousands of partitions at start is bound by store latency; within the default
-#: connection pool (cloud_storage_max_connections, 20) beside the archiver's own requests
-ACQUIRE_WORKERS = 16
+#: the share of the store's connection pool (`cloud_storage_max_connections`, 20 by default)
+#: that one tick's acquisitions may hold at once, the rest left to the archiver's requests.
+#: Each acquisition is two or three requests in series, so taking thousands of partitions
+#: at start is bound by store latency: raising the pool raises this with it
+ACQUIRE_SHARE = 0.8
+
+
+def acquire_workers(max_connections: int) -> int:
+    """Acquisitions in flight at once for a store pool of `max_connections` (16 for 20)."""
+    return max(1, int(max_connections * ACQUIRE_SHARE))
 
 
 @dataclass(frozen=True)
@@ -550,7 +556,8 @@ class LeaseKeeper:
         and a node starting beside a thousand free partitions should not take minutes)."""
         if len(pids) <= 1:
             return sum(self._acquire(pid, force=pid in orphaned) for pid in pids)
-        with ThreadPoolExecutor(min(ACQUIRE_WORKERS, len(pids)),
+        workers = acquire_workers(self.store.settings.max_connections)
+        with ThreadPoolExecutor(min(workers, len(pids)),
                                 thread_name_prefix="lease-acquire") as pool:
             return sum(pool.map(lambda pid: self._acquire(pid, force=pid in orphaned), pids))
 

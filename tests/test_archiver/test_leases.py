@@ -375,3 +375,31 @@ def test_each_lease_gained_is_logged_with_its_generation_without_a_map_of_all(
               if "acquired the upload lease" in m]
     assert len(gained) == len(PARTS)
     assert all(m.endswith("(generation 1)") for m in gained)
+
+
+def test_acquisitions_use_most_of_the_store_s_connection_pool(tmp_path: Any,
+                                                               clock: Clock) -> None:
+    """At start each acquisition is requests in series, so the time to take thousands of
+    partitions is the store's latency times partitions over the acquisitions in flight: they
+    follow `cloud_storage_max_connections` (32 in flight with a pool of 40; 16 with 20)."""
+    from tiered.store import FileStore, StoreSettings
+
+    store = FileStore(StoreSettings(url=f"file://{tmp_path}/bucket", max_connections=40))
+    together = threading.Barrier(32, timeout=10)
+    get = store.get
+
+    def meeting_get(key: str, byte_range: Any = None) -> Any:
+        if key.endswith("/manifest.json"):  # every acquisition's head read, side by side
+            together.wait()
+        return get(key, byte_range)
+
+    store.get = meeting_get  # type: ignore[method-assign]
+    parts = [PartitionId("orders", p, "rev") for p in range(32)]
+    keeper = LeaseKeeper(store, ManifestStore(store), "n1", LEASE_MS, clock=clock,
+                         wall=clock.wall)
+    keeper.publish({p: 1000 for p in parts})
+    keeper.tick()
+    assert not together.broken
+    assert sorted(keeper.holdings()) == sorted(parts)
+    keeper.stop(release=True)
+    store.close()

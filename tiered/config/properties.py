@@ -178,7 +178,8 @@ CLUSTER: tuple[Property, ...] = (
        "cloud_storage_api_endpoint (TLS terminated by a proxy)."),
     # transport
     _c("cloud_storage_max_connections", "int", 20, "Connection pool size to object storage, "
-       "shared by uploads and downloads.", min=1, max=10_000),
+       "shared by uploads and downloads; 80 % of it is how many upload leases are taken at "
+       "once at start.", min=1, max=10_000),
     _c("cloud_storage_initial_backoff_ms", "ms", 100, "First retry delay of the exponential "
        "backoff (with jitter) after a retryable object-storage error.", min=1),
     _c("cloud_storage_segment_upload_timeout_ms", "ms", 30_000, "Timeout of one segment "

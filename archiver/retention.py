@@ -31,7 +31,7 @@ from archiver.space import RetentionLimits
 from manifests import edits, keys
 from manifests.collect import collect_orphans
 from manifests.commit import ManifestStore
-from manifests.errors import CorruptManifest
+from manifests.errors import CorruptManifest, UnsupportedManifestVersion
 from manifests.manifest import PartitionManifest
 from manifests.model import SegmentMeta
 
@@ -127,6 +127,8 @@ class GarbageCollector:
         (docs/format.md, "Losing objects")."""
         try:
             m, etag = self.mstore.load(target.topic, target.partition, target.revision)
+        except UnsupportedManifestVersion:
+            raise  # a newer release's head: never replaced by an older copy, only read by it
         except CorruptManifest:
             # unreadable: its newest complete copy replaces it on its ETag, else the
             # partition stays stopped (the error names the repair)

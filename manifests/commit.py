@@ -51,6 +51,7 @@ from manifests.serde import (
     decode_archived_manifest,
     decode_partition_manifest,
     encode_partition_manifest,
+    head_format_version,
 )
 from manifests.spillover import ArchiveUpload, ManifestSettings, plan_spill
 from tiered.store.base import ObjectInfo, ObjectStore
@@ -132,7 +133,8 @@ class ManifestStore:
         self.settings = settings or ManifestSettings()
         self.cache = cache if cache is not None else ArchiveCache(self.settings.manifest_cache_size)
         self.stats = ManifestStoreStats()
-        self._versions: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
+        #: (key, ETag) -> (term, sequence, format version) of head versions seen
+        self._versions: OrderedDict[tuple[str, str], tuple[int, int, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.head_copies = HeadCopies(self.store, self.stats, read_head=self._read_head,
                                       remember=self._remember,
@@ -171,14 +173,15 @@ class ManifestStore:
 
     def _remember(self, key: str, etag: str, m: PartitionManifest) -> None:
         with self._lock:
-            self._versions[(key, etag)] = (m.term, m.sequence)
+            self._versions[(key, etag)] = (m.term, m.sequence, head_format_version(m))
             self._versions.move_to_end((key, etag))
             while len(self._versions) > KNOWN_VERSIONS:
                 self._versions.popitem(last=False)
 
-    def _base_version(self, m: PartitionManifest, expected_etag: str) -> tuple[int, int]:
-        """(term, sequence) of the stored version `expected_etag`, re-read if this process
-        never saw it."""
+    def _base_version(self, m: PartitionManifest, expected_etag: str
+                      ) -> tuple[int, int, int]:
+        """(term, sequence, format version) of the stored version `expected_etag`, re-read
+        if this process never saw it."""
         with self._lock:
             known = self._versions.get((m.key, expected_etag))
         if known is not None:
@@ -186,7 +189,7 @@ class ManifestStore:
         got = self._read_head(m.key)
         if got is None or got[1] != expected_etag:
             self._lost(m, got)
-        return got[0].term, got[0].sequence
+        return got[0].term, got[0].sequence, head_format_version(got[0])
 
     def _lost(self, m: PartitionManifest, got: tuple[PartitionManifest, str] | None) -> NoReturn:
         """Raise what a lost race means: fenced if a newer term wrote the head, else conflict."""
@@ -206,11 +209,13 @@ class ManifestStore:
         `InvalidUpdate` for a manifest that breaks an invariant."""
         key = manifest.key
         base_sequence = 0
+        base_format: int | None = None
         listed: set[str] | None = None
         if expected_etag is None:
             listed = self.head_copies.guard_fresh_head(manifest)
         if expected_etag is not None:
-            base_term, base_sequence = self._base_version(manifest, expected_etag)
+            base_term, base_sequence, base_format = self._base_version(manifest,
+                                                                       expected_etag)
             if base_term > manifest.term:
                 self.stats.fenced += 1
                 raise StaleTerm(key, base_term, manifest.term)
@@ -232,7 +237,11 @@ class ManifestStore:
             etag = got[1]
         self.stats.commits += 1
         self._remember(key, etag, new)
-        self.head_copies.keep(new, data)
+        # a head raised to a newer format leaves no copy of the older one: a release that
+        # cannot read the new head would take such a copy for the newest whole version and
+        # restore it over the head (docs/format.md, "Versioning")
+        raised = base_format is not None and head_format_version(new) > base_format
+        self.head_copies.keep(new, data, every_slot=raised)
         for upload in plan.uploads:
             self.cache.put(upload.key, upload.manifest)
         unnamed = None

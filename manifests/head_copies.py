@@ -66,14 +66,19 @@ class HeadCopies:
         self._remember = remember
         self._archive_keys = archive_keys
 
-    def keep(self, m: PartitionManifest, data: bytes) -> None:
+    def keep(self, m: PartitionManifest, data: bytes, *, every_slot: bool = False) -> None:
         """Write the committed version beside the head, in its sequence's slot: a deleted or
         garbled head is restored exactly from it (cutoff and recorded start included). A copy
-        that fails to go up costs nothing now; the other slot still holds a whole copy."""
-        try:
-            self.store.put(keys.head_copy_key(m.key, m.sequence), data)
-        except StoreError as exc:
-            log.warning("%s: could not write the head's copy: %s", m.key, exc)
+        that fails to go up costs nothing now; the other slot still holds a whole copy.
+        `every_slot`: in both slots (the head's format just rose: no copy in the older
+        format may stay)."""
+        slots = (keys.head_copy_keys(m.key) if every_slot
+                 else (keys.head_copy_key(m.key, m.sequence),))
+        for slot in slots:
+            try:
+                self.store.put(slot, data)
+            except StoreError as exc:
+                log.warning("%s: could not write the head's copy: %s", m.key, exc)
 
     def newest_copy(self, key: str) -> PartitionManifest | None:
         """The newest readable copy of the head at `key`, read-only: what a reader serves

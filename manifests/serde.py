@@ -149,22 +149,28 @@ def _encode_archives(t: ArchiveTable) -> dict[str, Any]:
     return out
 
 
+def _head_version(m: PartitionManifest, replaced_rows: SegmentTable) -> int:
+    """The oldest version that holds what this head carries (each requires the fields of the
+    versions before it)."""
+    if _has_layouts(m.segments) or _has_layouts(replaced_rows):
+        return 4
+    if m.collectable_below:
+        return 3
+    return 2 if m.gc_cutoff_ms else 1
+
+
+def head_format_version(m: PartitionManifest) -> int:
+    """The format version `encode_partition_manifest` writes `m` in."""
+    return _head_version(m, SegmentTable.from_rows(r.segment for r in m.replaced))
+
+
 def encode_partition_manifest(m: PartitionManifest) -> bytes:
     """The head manifest's JSON bytes (compact, ASCII)."""
     replaced_rows = SegmentTable.from_rows(r.segment for r in m.replaced)
-    layouts = _has_layouts(m.segments) or _has_layouts(replaced_rows)
+    version = _head_version(m, replaced_rows)
+    layouts = version >= 4
     replaced = _encode_segments(replaced_rows, contiguous=False, layouts=layouts)
     replaced["replaced_at"] = [r.replaced_at for r in m.replaced]
-    # the oldest version that holds what this head carries (each requires the fields of the
-    # versions before it)
-    if layouts:
-        version = 4
-    elif m.collectable_below:
-        version = 3
-    elif m.gc_cutoff_ms:
-        version = 2
-    else:
-        version = 1
     cutoff: dict[str, int] = {}
     if version >= 2:
         cutoff["gc_cutoff_ms"] = m.gc_cutoff_ms

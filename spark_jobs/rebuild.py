@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from manifests import edits, keys, segment_indexes
 from manifests.cas import put_on_version
-from manifests.errors import ManifestConflict, ManifestError
+from manifests.errors import ManifestConflict, ManifestError, UnsupportedManifestVersion
 from manifests.manifest import PartitionManifest
 from manifests.model import INDEX_BUNDLE, INDEX_FILES, SegmentMeta
 from manifests.serde import encode_partition_manifest
@@ -185,9 +185,10 @@ def _hole(segs: list[SegmentMeta], first: int) -> str:
 
 def _head_state(ctx: JobContext, ref: PartitionRef, found: list[Found]
                 ) -> tuple[str, str | None]:
-    """('intact' | 'missing' | 'corrupt' | 'misses_history', the head's ETag when one is
-    stored). A readable head that starts above segment objects of its own with no recorded
-    retention (docs/format.md, "Losing objects") misses history: it is rebuilt too."""
+    """('intact' | 'missing' | 'corrupt' | 'misses_history' | 'newer', the head's ETag when
+    one is stored). A readable head that starts above segment objects of its own with no
+    recorded retention (docs/format.md, "Losing objects") misses history: it is rebuilt too.
+    A head in a format newer than this release reads is 'newer': never replaced."""
     key = keys.partition_manifest_key(*ref)
     try:
         m, etag = ctx.manifests.load(*ref)
@@ -201,6 +202,9 @@ def _head_state(ctx: JobContext, ref: PartitionRef, found: list[Found]
                     parsed.last_offset >= m.collectable_below):
                 return "misses_history", etag
         return "intact", etag
+    except UnsupportedManifestVersion as err:
+        log.warning("%s: %s", key, err)
+        return "newer", None
     except ManifestError as err:
         log.warning("%s: %s", key, err)
     try:
@@ -336,8 +340,11 @@ def rebuild_manifests(ctx: JobContext, *, topic: str | None) -> dict[str, Any]:
         for item in chunk:
             by_ref[item.ref].append(item)
     states = {ref: _head_state(ctx, ref, by_ref[ref]) for ref in sorted(by_ref)}
-    todo = [item for ref, items in sorted(by_ref.items()) if states[ref][0] != "intact"
-            for item in items]
+    # a head of a newer release is its to keep: rebuilt from a listing by this one, it would
+    # lose what the newer format records
+    newer = sorted(str(r) for r, s in states.items() if s[0] == "newer")
+    todo = [item for ref, items in sorted(by_ref.items())
+            if states[ref][0] not in ("intact", "newer") for item in items]
     read = run_tasks(ctx, todo, "rebuild: reading segment objects", "tiered-rebuild",
                       _read_found, lambda f: f.size)
     grouped: dict[PartitionRef, list[Found]] = defaultdict(list)
@@ -347,6 +354,8 @@ def rebuild_manifests(ctx: JobContext, *, topic: str | None) -> dict[str, Any]:
             for ref, items in sorted(grouped.items())]
     made, problems = _rebuild_topics(ctx, by_ref)
     errors = [f"{r['partition']}: {r['error']}" for r in rows if "error" in r] + problems
+    errors += [f"{ref}: its head manifest is in a newer format than this release reads; "
+               "left as it is (upgrade tiered)" for ref in newer]
     # an unusable object is reported even when the chain did not need it (design invariant 5)
     errors += [f"{r['partition']}: unusable object: {c}" for r in rows for c in r["corrupt"]]
     return {

@@ -271,3 +271,62 @@ def test_a_running_daemon_past_the_grace_period_loses_nothing_and_says_so(
         assert now["status"] == "degraded", (now, store.exists(key))
         assert not store.exists(key)
         assert data_objects(store, rev) >= objects
+
+
+def test_a_head_of_a_newer_release_is_never_replaced_by_an_older_copy(
+        tmp_path: Path, s3_store: ObjectStore) -> None:
+    """Sidecars upgraded one by one share the bucket: a head a newer release wrote reads as
+    unsupported here, and its copies still in an older format must not be restored over it
+    (that would roll its commits back). Nothing is written, collected or trimmed."""
+    import json
+
+    archiver, clock, log_dir, rev = archived(tmp_path, s3_store)
+    m, _ = ManifestStore(s3_store).load("orders", 0, rev)
+    objects = data_objects(s3_store, rev)
+    local = sorted(p.name for p in (log_dir / "orders-0").iterdir())
+    newer = json.loads(encode_partition_manifest(m)) | {"version": 99, "future": 1}
+    data = json.dumps(newer).encode()
+    s3_store.put(m.key, data)  # its copies stay in the version this release writes
+    fresh = Archiver(archiver.config, s3_store, clock=clock, disk_usage=Disk(free=1))
+    time.sleep(GRACE_MS / 1000 + 1.1)
+    clock.now = time.time()
+    report = fresh.run_once()
+    assert not report.ok
+    said = report.errors + [p.error or "" for p in report.partitions]
+    assert any("newer than this reader" in e for e in said), said
+    assert s3_store.get(m.key) == data
+    assert data_objects(s3_store, rev) == objects
+    assert sorted(p.name for p in (log_dir / "orders-0").iterdir()) == local
+    assert fresh.snapshot().heads_restored_total == 0
+
+
+def test_a_head_raised_to_a_newer_format_leaves_no_copy_in_the_older_one(
+        s3_store: ObjectStore) -> None:
+    """An older release restores a head it cannot read from the newest copy it can: so the
+    commit that raises a head's format writes its copy to both slots, and later commits to
+    their own slot only."""
+    import json
+
+    from manifest_fakes import run_of
+
+    from manifests.model import INDEX_BUNDLE
+
+    mstore = ManifestStore(s3_store)
+    m, etag = mstore.load("orders", 0, "7")
+    for _ in range(2):  # two commits of Kafka index files: version 1 in both slots
+        m = edits.add_segments(edits.with_term(m, 1), run_of(m.next_offset, 1))
+        mstore.commit(m, etag)
+        m, etag = mstore.load("orders", 0, "7")
+
+    def copies() -> list[tuple[int, int]]:
+        return sorted((d["version"], d["sequence"]) for d in (
+            json.loads(s3_store.get(k)) for k in keys.head_copy_keys(m.key)))
+
+    assert copies() == [(1, 1), (1, 2)]
+    m = edits.add_segments(m, run_of(m.next_offset, 1, index_layout=INDEX_BUNDLE))
+    mstore.commit(m, etag)
+    assert copies() == [(4, 3), (4, 3)]
+    m, etag = mstore.load("orders", 0, "7")
+    mstore.commit(edits.add_segments(m, run_of(m.next_offset, 1, index_layout=INDEX_BUNDLE)),
+                  etag)
+    assert copies() == [(4, 3), (4, 4)]

@@ -200,6 +200,26 @@ def test_a_corrupt_head_is_replaced_on_its_etag_and_kept_aside(
     assert _head_segments(ctx, 1) == archived.segments[1]
 
 
+def test_a_head_of_a_newer_release_is_left_as_it_is(
+    bucket: tuple[JobContext, ObjectStore, Archived]
+) -> None:
+    """A head this release cannot read because a newer one wrote it is not damage: rebuilt
+    from a listing (or restored from an older copy) it would lose what the newer format
+    records. It is reported and left alone; the other partitions go on."""
+    ctx, store, _ = bucket
+    key = keys.partition_manifest_key(TOPIC, 1, REVISION)
+    newer = b'{"version":99,"kind":"partition","future":1}'
+    store.put(key, newer)
+
+    summary = run_rebuild_manifests(ctx, topic=TOPIC)
+
+    assert not summary["ok"] and summary["rebuilt"] == []
+    [error] = summary["errors"]
+    assert "newer format" in error and "upgrade tiered" in error
+    assert store.get(key) == newer
+    assert not [i.key for i in store.list("") if ".corrupt-" in i.key]
+
+
 def test_a_corrupt_head_with_a_copy_is_restored_from_it_exactly(
     bucket: tuple[JobContext, ObjectStore, Archived]
 ) -> None:

@@ -195,3 +195,13 @@ def test_partitions_benchmark_runs_on_file_buckets() -> None:
     assert run["busy_stop"]["segments_to_upload"] == 2 * 12
     # counted through the store's listing: its ETag side files are not segments
     assert 0 < run["busy_stop"]["segments_uploaded_before_exit"] <= 2 * 12
+
+
+def test_lease_start_benchmark_takes_every_lease_with_each_pool() -> None:
+    report = run_benchmark("lease_start.py", "--partitions", "40", "--latency-ms", "2",
+                           "--pools", "5", "20")
+    assert report["benchmark"] == "lease_start" and report["ok"]
+    assert [(r["pool"], r["in_flight"]) for r in report["runs"]] == [(5, 4), (20, 16)]
+    for run in report["runs"]:
+        assert run["leases_held"] == 40
+        assert run["requests"] >= 2 * 40  # a head read and a lease create per partition

@@ -57,12 +57,15 @@ class Found(NamedTuple):
 
 
 def _list_prefix(topic: str | None, store: ObjectStore, prefix: str) -> list[Found]:
-    """Runs in an executor: every segment object under `prefix` (one hex digit of `{h}`)."""
+    """Runs in an executor: every segment object under `prefix` (one hex digit of `{h}`),
+    with the layout of its indexes (a bundle when one is listed beside it)."""
     out = []
-    listing = list(store.list(prefix))
     bundle = keys.INDEX_SUFFIXES[segment_indexes.BUNDLE_KIND]
-    bundles = {info.key for info in listing if info.key.endswith(bundle)}
-    for info in listing:
+    bundles: set[str] = set()  # the stems with a bundle: one pass, the listing never held
+    for info in store.list(prefix):
+        if info.key.endswith(bundle):
+            bundles.add(info.key.removesuffix(bundle))
+            continue
         parts = info.key.split("/")
         if len(parts) != 5 or parts[1] != keys.NAMESPACE or (topic and parts[2] != topic):
             continue
@@ -74,11 +77,10 @@ def _list_prefix(topic: str | None, store: ObjectStore, prefix: str) -> list[Fou
                 continue
         except ManifestError:
             continue  # not one of ours (illegal topic or revision)
-        layout = (INDEX_BUNDLE if info.key.removesuffix(keys.SEGMENT_SUFFIX) + bundle in bundles
-                  else INDEX_FILES)
         out.append(Found(PartitionRef(parts[2], int(p_text), revision), parts[4], info.key,
-                         info.size, index_layout=layout))
-    return out
+                         info.size))
+    return [item._replace(index_layout=INDEX_BUNDLE)
+            if item.key.removesuffix(keys.SEGMENT_SUFFIX) in bundles else item for item in out]
 
 
 def _read_found(counter: Any, store: ObjectStore, item: Found) -> Found:

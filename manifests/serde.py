@@ -227,8 +227,8 @@ def _row_costs(columns: dict[str, list[int]], n: int) -> list[int]:
 def segment_row_costs(t: SegmentTable) -> list[int]:
     """Bytes each row adds to the JSON of a contiguous segment table, exact for all rows but
     the first (whose deltas are taken from 0); the spill planner uses these to size archives.
-    (Off by a column per row for a head of Kafka index files only whose `replaced` list
-    alone holds a bundle: an estimate, on the safe side.)"""
+    (Short by the `index_layout` column, 2 bytes a row, for a head of Kafka index files only
+    whose `replaced` list alone holds a bundle: a state that lasts until those go.)"""
     costs = _row_costs(_columns(t, _segment_columns(_has_layouts(t))), len(t))
     for i, name in enumerate(t.extra):
         if name:

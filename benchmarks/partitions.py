@@ -16,7 +16,10 @@ bucket:
    its CPU over `--idle-s` seconds (percent of one core, and per 1,000 partitions), its RSS,
    and the store requests it made meanwhile (its `tiered_lease_requests_total` and the
    server's request log are not needed: the daemon's own store counters); last, the time from
-   SIGTERM to its exit. `--housekeeping-interval-s` shortens the daemon's housekeeping interval
+   SIGTERM to its exit. Before that stop, the steady state (`daemon.steady`): every
+   partition's log grows by two closed segments under the running daemon, which already
+   holds every head, and its store requests until it has committed them are counted per
+   segment. `--housekeeping-interval-s` shortens the daemon's housekeeping interval
    (`cloud_storage_housekeeping_interval_ms`, 5 minutes by default) so that the idle window
    holds several housekeeping passes and their requests (`idle_housekeeping_passes`);
 4. a busy stop: `tiered run` on a second, empty bucket (every partition to upload again),
@@ -79,7 +82,9 @@ NODE = "bench-node"
 
 
 def write_log(log_dir: Path, partitions: int) -> None:
-    """`partitions` small partitions over `TOPICS` topics, records stamped now."""
+    """`partitions` small partitions over `TOPICS` topics, records stamped now. Called again
+    on the same log dir, it appends as much to each (reopening its active segment, as a
+    broker would after a restart): two more closed segments per partition."""
     now_ms = int(time.time() * 1000)
     hws: dict[TopicPartition, int] = {}
     for i in range(partitions):
@@ -291,10 +296,52 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def metric(daemon: DaemonProcess, name: str) -> float:
+    """One unlabelled counter or gauge of the daemon's /metrics (0 when absent)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics",
+                                timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def steady_round(daemon: DaemonProcess, log_dir: Path, partitions: int, *, counted: bool,
+                 timeout_s: float = 900) -> dict[str, Any]:
+    """The steady state: every partition's log grows by two closed segments under the running
+    daemon, which holds every head already; its store requests until it has committed them
+    all, per segment (the lease keeper's few background requests included)."""
+    before = len(closed_files(log_dir)) // 2
+    uploaded = metric(daemon, "tiered_uploaded_segments_total")
+    requests = store_requests(daemon) if counted else None
+    started = time.monotonic()
+    write_log(log_dir, partitions)
+    new = len(closed_files(log_dir)) // 2 - before
+    while time.monotonic() - started < timeout_s:
+        if metric(daemon, "tiered_uploaded_segments_total") - uploaded >= new:
+            break
+        time.sleep(0.5)
+    done = metric(daemon, "tiered_uploaded_segments_total") - uploaded
+    seconds = time.monotonic() - started
+    out: dict[str, Any] = {"new_segments": new, "uploaded_segments": int(done),
+                           "seconds": round(seconds, 1)}
+    if requests is not None:
+        made = store_requests(daemon) - requests
+        out["store_requests"] = made
+        out["requests_per_segment"] = round(made / max(1, done), 2)
+    else:
+        out["store_requests"] = out["requests_per_segment"] = None
+    return out
+
+
 def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
-               start_timeout_s: float, *, counted: bool = True) -> dict[str, Any]:
+               start_timeout_s: float, *, counted: bool = True,
+               log_dir: Path | None = None) -> dict[str, Any]:
     """`counted`: the daemon counts its store requests (`counts_requests` of the buckets);
-    otherwise its request figures are None, not 0."""
+    otherwise its request figures are None, not 0. With `log_dir`, after the idle window,
+    the steady state (`steady_round`)."""
     started = time.monotonic()
     daemon = DaemonProcess(config_path, workdir / "daemon.log")
     out: dict[str, Any] = {}
@@ -322,6 +369,8 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
         out["idle_store_requests"] = (None if requests is None
                                       else store_requests(daemon) - requests)
         out["rss_mib"] = rss_mib(daemon.proc.pid)
+        if log_dir is not None:
+            out["steady"] = steady_round(daemon, log_dir, partitions, counted=counted)
     finally:
         stop = time.monotonic()
         daemon.proc.send_signal(signal.SIGTERM)
@@ -393,12 +442,12 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
                                 once["uploaded_segments"])
         progress(f"{partitions} partitions: tiered run")
         daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s,
-                            counted=buckets.counts_requests)
+                            counted=buckets.counts_requests, log_dir=log_dir)
         if args.housekeeping_interval_s is not None:
             daemon["idle_housekeeping_passes"] = int(args.idle_s
                                                      // args.housekeeping_interval_s)
         progress(f"{partitions} partitions: a busy stop")
-        busy = busy_stop(buckets, workdir, log_dir, once["uploaded_segments"])
+        busy = busy_stop(buckets, workdir, log_dir, len(closed_files(log_dir)) // 2)
         name = buckets.baseline_name
         return {
             "partitions": partitions,

@@ -87,8 +87,12 @@ def daemon_with_a_lost_head(tmp_path: Path, *, grace_ms: int) -> Iterator[LostHe
         with running(config) as daemon:
             lost = LostHead(config, daemon, store, rev, key, now_ms,
                             PartitionManifest.new("orders", 0, rev), set())
-            wait_until(lambda: store.exists(key) and len(lost.data_objects()) > 6,
-                       "the first uploads")
+            part = log_dir / "orders-0"
+            active = int(sorted(part.glob("*.log"))[-1].stem)
+            # every closed segment committed: no commit is left in flight whose copy could
+            # land after the loss below (and would rightly restore the head)
+            wait_until(lambda: store.exists(key) and ManifestStore(store).load(
+                "orders", 0, rev)[0].next_offset >= active, "every closed segment uploaded")
             wait_until(lambda: lost.health().get("status") == "ok", "a clean pass")
             lost.before, _ = ManifestStore(store).load("orders", 0, rev)
             lost.uploaded = lost.data_objects()

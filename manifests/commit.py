@@ -171,9 +171,13 @@ class ManifestStore:
         self._remember(key, data.etag, m)
         return m, data.etag
 
-    def _remember(self, key: str, etag: str, m: PartitionManifest) -> None:
+    def _remember(self, key: str, etag: str, m: PartitionManifest,
+                  fmt: int | None = None) -> None:
+        """Keep (term, sequence, format version) of the version `etag`; `fmt` when the caller
+        knows it (it scans the head's segment column, so not under the shared lock)."""
+        version = (m.term, m.sequence, head_format_version(m) if fmt is None else fmt)
         with self._lock:
-            self._versions[(key, etag)] = (m.term, m.sequence, head_format_version(m))
+            self._versions[(key, etag)] = version
             self._versions.move_to_end((key, etag))
             while len(self._versions) > KNOWN_VERSIONS:
                 self._versions.popitem(last=False)
@@ -236,11 +240,12 @@ class ManifestStore:
             # our own write landed, then a retried request of the same PUT saw it: success
             etag = got[1]
         self.stats.commits += 1
-        self._remember(key, etag, new)
+        new_format = head_format_version(new)
+        self._remember(key, etag, new, new_format)
         # a head raised to a newer format leaves no copy of the older one: a release that
         # cannot read the new head would take such a copy for the newest whole version and
         # restore it over the head (docs/format.md, "Versioning")
-        raised = base_format is not None and head_format_version(new) > base_format
+        raised = base_format is not None and new_format > base_format
         self.head_copies.keep(new, data, every_slot=raised)
         for upload in plan.uploads:
             self.cache.put(upload.key, upload.manifest)

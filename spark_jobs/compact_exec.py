@@ -258,6 +258,6 @@ def _txn_index(store: ObjectStore, run: RunTask, live_markers: set[int]) -> byte
     (`live_txn_entries`): an aborted transaction whose marker went, or whose records were
     all removed before this pass, loses its entry; the rest in marker order, each once."""
     entries = []
-    for data in source_txn_indexes(store, run.data_prefix, run.sources):
-        entries.extend(parse_txnindex(data, path=run.data_prefix))
+    for key, data in source_txn_indexes(store, run.data_prefix, run.sources):
+        entries.extend(parse_txnindex(data, path=f"{key} (txnindex)"))
     return encode_txnindex(live_txn_entries(entries, live_markers))

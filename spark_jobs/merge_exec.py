@@ -142,17 +142,19 @@ def _read_source(store: ObjectStore, src: SourceSegment, scan: _Scan) -> int:
 
 
 def source_txn_indexes(store: ObjectStore, data_prefix: str,
-                       sources: tuple[SourceSegment, ...]) -> list[bytes]:
-    """Each source's transaction index bytes, for the ones that have one."""
-    found = (segment_indexes.read_indexes(store, data_prefix, src.name, src.index_layout,
-                                          ("txnindex",))["txnindex"] for src in sources)
-    return [data for data in found if data]
+                       sources: tuple[SourceSegment, ...]) -> list[tuple[str, bytes]]:
+    """(the source's key, its transaction index bytes), for the sources that have one."""
+    found = ((src.key, segment_indexes.read_indexes(store, data_prefix, src.name,
+                                                    src.index_layout, ("txnindex",))["txnindex"])
+             for src in sources)
+    return [(key, data) for key, data in found if data]
 
 
 def _txn_index(store: ObjectStore, task: RunTask) -> bytes:
     """The sources' transaction indexes concatenated (entries hold absolute offsets, so they
     stay valid), or b"" when none has one."""
-    return b"".join(source_txn_indexes(store, task.data_prefix, task.sources))
+    return b"".join(data for _, data in source_txn_indexes(store, task.data_prefix,
+                                                            task.sources))
 
 
 def _claim_name(store: ObjectStore, task: RunTask, data: bytes) -> tuple[str, str]:

@@ -45,6 +45,9 @@ HEAD = HeadFacts(term=3, next_offset=1000, first_head_offset=600,
     ("990-1099-3.log", Verdict.DEAD),  # starts below the end, overlapping it
     ("1000-1099-3.log", Verdict.KEEP),  # the frontier: a writer of term 3 may commit it
     ("1000-1099-3.timeindex", Verdict.KEEP),
+    ("0-99-3.indexes", Verdict.DEAD),  # an index bundle goes with its segment's name
+    ("1000-1099-3.indexes", Verdict.KEEP),
+    ("0-99-3-7000000123.indexes", Verdict.CUTOFF),
     ("1000-1099-4.log", Verdict.KEEP),  # a newer term may take over and commit it
     ("1000-1099-2.log", Verdict.DEAD),  # a fenced term can never commit
     ("0-99-3-7000000123.log", Verdict.CUTOFF),  # a replacement: protected by the cutoff

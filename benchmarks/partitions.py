@@ -296,34 +296,22 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def metric(daemon: DaemonProcess, name: str) -> float:
-    """One unlabelled counter or gauge of the daemon's /metrics (0 when absent)."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics",
-                                timeout=30) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-    return 0.0
-
-
 def steady_round(daemon: DaemonProcess, log_dir: Path, partitions: int, *, counted: bool,
                  timeout_s: float = 900) -> dict[str, Any]:
     """The steady state: every partition's log grows by two closed segments under the running
     daemon, which holds every head already; its store requests until it has committed them
     all, per segment (the lease keeper's few background requests included)."""
     before = len(closed_files(log_dir)) // 2
-    uploaded = metric(daemon, "tiered_uploaded_segments_total")
+    uploaded = daemon.metric("tiered_uploaded_segments_total")
     requests = store_requests(daemon) if counted else None
     started = time.monotonic()
     write_log(log_dir, partitions)
     new = len(closed_files(log_dir)) // 2 - before
     while time.monotonic() - started < timeout_s:
-        if metric(daemon, "tiered_uploaded_segments_total") - uploaded >= new:
+        if daemon.metric("tiered_uploaded_segments_total") - uploaded >= new:
             break
         time.sleep(0.5)
-    done = metric(daemon, "tiered_uploaded_segments_total") - uploaded
+    done = daemon.metric("tiered_uploaded_segments_total") - uploaded
     seconds = time.monotonic() - started
     out: dict[str, Any] = {"new_segments": new, "uploaded_segments": int(done),
                            "seconds": round(seconds, 1)}

@@ -429,7 +429,7 @@ class RemoteSegments:
         try:
             got = segment_indexes.read_indexes(
                 self.store, m.data_prefix, seg.object_name, seg.index_layout,
-                ("index", "timeindex") if both else (kind,))
+                ("index", "timeindex") if both else (kind,), segment_bytes=seg.size_bytes)
             self._count("index_downloads")
             data = got[kind]
             if data is None:

@@ -54,7 +54,8 @@ class TransactionIndexes:
             return hit
         self.remote_reads += 1
         data = segment_indexes.read_indexes(self._store, m.data_prefix, seg.object_name,
-                                            seg.index_layout, ("txnindex",))["txnindex"]
+                                            seg.index_layout, ("txnindex",),
+                                            segment_bytes=seg.size_bytes)["txnindex"]
         entries = tuple(parse_txnindex(data, path=f"{key} (txnindex)")) if data else ()
         self._remote.put(key, entries)
         return entries

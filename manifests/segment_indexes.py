@@ -46,12 +46,15 @@ _HEAD = struct.Struct(">4sBB")
 _ENTRY = struct.Struct(">BII")
 _KIND_IDS = {"index": 1, "timeindex": 2, "txnindex": 3}
 _KIND_NAMES = {v: k for k, v in _KIND_IDS.items()}
+#: room beyond the segment's own size for the index objects of a segment: three index files
+#: preallocated at Kafka's default `segment.index.bytes` (10 MiB) and never trimmed
+INDEX_ALLOWANCE = 32 * 1024 * 1024
 
 
 class Getter(Protocol):
     """What reading needs of a store: `ObjectStore.get`."""
 
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes: ...
 
 
 class Putter(Protocol):
@@ -123,11 +126,31 @@ def index_object_names(seg: SegmentMeta) -> tuple[str, ...]:
     return tuple(keys.index_name(seg.object_name, kind) for kind in INDEX_KINDS)
 
 
+def index_bytes_bound(segment_bytes: int) -> int:
+    """The most bytes the index objects of a segment of `segment_bytes` may hold. Each index
+    entry stands for a batch of at least 61 bytes and takes 8 (offset), 12 (time) or 34
+    (aborted transaction, one per control batch) bytes, so well-formed indexes stay below the
+    segment's own size; `INDEX_ALLOWANCE` covers index files a broker left untrimmed. A
+    larger object is garbage (a damaged bucket), refused without being read whole."""
+    return max(0, segment_bytes) + INDEX_ALLOWANCE
+
+
+def _get_bounded(store: Getter, key: str, bound: int) -> bytes:
+    """The object at `key`, read only up to `bound` + 1 bytes: `CorruptSegmentError` when it
+    holds more than `bound` (one request either way: a ranged GET)."""
+    data = store.get(key, (0, bound + 1))
+    if len(data) > bound:
+        raise CorruptSegmentError(f"index object larger than {bound} bytes, the most the "
+                                  "indexes of its segment may hold", path=key)
+    return data
+
+
 def read_indexes(store: Getter, prefix: str, segment_name: str, layout: int,
-                 kinds: Iterable[str]) -> dict[str, bytes | None]:
+                 kinds: Iterable[str], *, segment_bytes: int) -> dict[str, bytes | None]:
     """The indexes of `kinds` (None: the segment has none of that kind) of the segment object
-    `segment_name`, whose indexes are in `layout`, read from under the partition's data
-    prefix `prefix`.
+    `segment_name` of `segment_bytes`, whose indexes are in `layout`, read from under the
+    partition's data prefix `prefix`. No index object is read beyond
+    `index_bytes_bound(segment_bytes)`: a larger one is refused as corrupt.
 
     Kafka's files: one GET per kind, and a missing object is None (earlier releases wrote no
     `.txnindex` for a segment without aborted transactions; readers rebuild a missing offset
@@ -135,16 +158,17 @@ def read_indexes(store: Getter, prefix: str, segment_name: str, layout: int,
     `ObjectNotFound`: it always goes up before its segment, so its absence is damage, never
     "no aborted transactions". `CorruptSegmentError` for a bundle that does not decode."""
     wanted = list(kinds)
+    bound = index_bytes_bound(segment_bytes)
     if layout == INDEX_BUNDLE:
         key = prefix + keys.index_name(segment_name, BUNDLE_KIND)
-        sections = decode_bundle(store.get(key), path=key)
+        sections = decode_bundle(_get_bounded(store, key, bound), path=key)
         return {kind: sections.get(kind) for kind in wanted}
     if layout != INDEX_FILES:
         raise CorruptSegmentError(f"unknown index layout {layout}", path=prefix + segment_name)
     out: dict[str, bytes | None] = {}
     for kind in wanted:
         try:
-            out[kind] = store.get(prefix + keys.index_name(segment_name, kind))
+            out[kind] = _get_bounded(store, prefix + keys.index_name(segment_name, kind), bound)
         except ObjectNotFound:
             out[kind] = None
     return out

@@ -145,7 +145,8 @@ def source_txn_indexes(store: ObjectStore, data_prefix: str,
                        sources: tuple[SourceSegment, ...]) -> list[tuple[str, bytes]]:
     """(the source's key, its transaction index bytes), for the sources that have one."""
     found = ((src.key, segment_indexes.read_indexes(store, data_prefix, src.name,
-                                                    src.index_layout, ("txnindex",))["txnindex"])
+                                                    src.index_layout, ("txnindex",),
+                                                    segment_bytes=src.size_bytes)["txnindex"])
              for src in sources)
     return [(key, data) for key, data in found if data]
 

@@ -180,7 +180,8 @@ def _indexes(store: ObjectStore, task: SegmentTask, batches: _Batches) -> dict[s
     meta = task.meta
     try:
         return segment_indexes.read_indexes(store, task.data_prefix, meta.object_name,
-                                            meta.index_layout, segment_indexes.INDEX_KINDS)
+                                            meta.index_layout, segment_indexes.INDEX_KINDS,
+                                            segment_bytes=meta.size_bytes)
     except (ObjectNotFound, CorruptSegmentError) as err:
         if batches.transactional:
             raise CorruptSegmentError(

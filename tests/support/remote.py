@@ -288,7 +288,7 @@ def as_earlier_releases_wrote(store: ObjectStore, topic: str = TOPIC, partition:
         for seg in segs:
             sections = segment_indexes.read_indexes(
                 store, m.data_prefix, seg.object_name, seg.index_layout,
-                segment_indexes.INDEX_KINDS)
+                segment_indexes.INDEX_KINDS, segment_bytes=seg.size_bytes)
             files = {kind: data for kind, data in sections.items()
                      if data is not None and (data or kind != "txnindex")}
             segment_indexes.write_indexes(store, m.data_prefix, seg.object_name, files,

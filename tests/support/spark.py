@@ -141,7 +141,8 @@ def assert_every_offset_reads_back(mstore: ManifestStore, partition: int, log: b
         key = m.segment_key(seg)
         if key not in cache:  # seeded segments keep Kafka's files, merged ones a bundle
             index = segment_indexes.read_indexes(mstore.store, m.data_prefix, seg.object_name,
-                                                 seg.index_layout, ("index",))["index"]
+                                                 seg.index_layout, ("index",),
+                                                 segment_bytes=seg.size_bytes)["index"]
             assert index is not None, f"{seg.object_name} has no offset index"
             cache[key] = (mstore.store.get(key),
                           OffsetIndex.from_bytes(index, base_offset=seg.base_offset))

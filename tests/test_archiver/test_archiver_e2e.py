@@ -56,7 +56,8 @@ def test_multi_partition_log_archived_exactly_once_and_byte_identical(
             assert seg.size_bytes == len(body)
             assert seg.writer_term == 1
             indexes = segment_indexes.read_indexes(s3_store, m.data_prefix, seg.object_name,
-                                                   seg.index_layout, ("index", "timeindex"))
+                                                   seg.index_layout, ("index", "timeindex"),
+                                                   segment_bytes=seg.size_bytes)
             for kind in ("index", "timeindex"):
                 assert indexes[kind] == path.with_suffix(f".{kind}").read_bytes()
 

@@ -78,22 +78,63 @@ def test_a_bundle_is_one_object_holding_every_kind(file_store: FileStore) -> Non
     assert [i.key for i in store.list("")] == [PREFIX + "0-9-1.indexes"]
     assert segment_indexes.index_object_names(seg) == ("0-9-1.indexes",)
     got = segment_indexes.read_indexes(store, PREFIX, seg.object_name, seg.index_layout,
-                                       ("index", "timeindex", "txnindex"))
+                                       ("index", "timeindex", "txnindex"),
+                                       segment_bytes=seg.size_bytes)
     assert got == SECTIONS
     # a segment without aborted transactions has no such section: none, not an error
     segment_indexes.write_indexes(store, PREFIX, seg.object_name,
                                   {"index": b"", "timeindex": b""}, INDEX_BUNDLE)
     assert segment_indexes.read_indexes(store, PREFIX, seg.object_name, INDEX_BUNDLE,
-                                        ("txnindex",)) == {"txnindex": None}
+                                        ("txnindex",), segment_bytes=seg.size_bytes
+                                        ) == {"txnindex": None}
 
 
 def test_a_missing_bundle_is_damage_not_an_empty_index(file_store: FileStore) -> None:
     store = file_store
     with pytest.raises(ObjectNotFound):
-        segment_indexes.read_indexes(store, PREFIX, "0-9-1.log", INDEX_BUNDLE, ("txnindex",))
+        segment_indexes.read_indexes(store, PREFIX, "0-9-1.log", INDEX_BUNDLE, ("txnindex",),
+                                     segment_bytes=100)
     store.put(PREFIX + "0-9-1.indexes", b"TIDX\x01\x01")
     with pytest.raises(CorruptSegmentError, match=r"0-9-1\.indexes"):
-        segment_indexes.read_indexes(store, PREFIX, "0-9-1.log", INDEX_BUNDLE, ("index",))
+        segment_indexes.read_indexes(store, PREFIX, "0-9-1.log", INDEX_BUNDLE, ("index",),
+                                     segment_bytes=100)
+
+
+class _RangeRecorder:
+    """A store that remembers the byte range of every GET."""
+
+    def __init__(self, store: FileStore) -> None:
+        self.store = store
+        self.ranges: list[tuple[int, int] | None] = []
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        self.ranges.append(byte_range)
+        return self.store.get(key, byte_range)
+
+
+@pytest.mark.parametrize("layout", [INDEX_BUNDLE, INDEX_FILES])
+def test_an_index_object_larger_than_its_segment_allows_is_never_read_whole(
+        file_store: FileStore, monkeypatch: pytest.MonkeyPatch, layout: int) -> None:
+    """A damaged bucket may hold anything under an index name: no read brings more than the
+    bound the segment's size gives, and an object above it is refused as corrupt."""
+    monkeypatch.setattr(segment_indexes, "INDEX_ALLOWANCE", 64)
+    seg = segment(0, 10, index_layout=layout)
+    store = _RangeRecorder(file_store)
+    segment_indexes.write_indexes(file_store, PREFIX, seg.object_name,
+                                  {"index": SECTIONS["index"]}, layout)
+    got = segment_indexes.read_indexes(store, PREFIX, seg.object_name, layout, ("index",),
+                                       segment_bytes=100)
+    assert got == {"index": SECTIONS["index"]}
+    bound = segment_indexes.index_bytes_bound(100)
+    assert bound == 164
+    assert store.ranges == [(0, bound + 1)]
+    name = keys.index_name(seg.object_name, "indexes" if layout == INDEX_BUNDLE else "index")
+    file_store.put(PREFIX + name, b"\0" * 10_000)
+    store.ranges.clear()
+    with pytest.raises(CorruptSegmentError, match=f"larger than {bound} bytes"):
+        segment_indexes.read_indexes(store, PREFIX, seg.object_name, layout, ("index",),
+                                     segment_bytes=100)
+    assert store.ranges == [(0, bound + 1)]
 
 
 def test_kafka_index_files_as_earlier_releases_wrote_them(file_store: FileStore) -> None:
@@ -108,7 +149,7 @@ def test_kafka_index_files_as_earlier_releases_wrote_them(file_store: FileStore)
     assert sorted(key for key, _ in written) == [PREFIX + "0-9-1.index",
                                                   PREFIX + "0-9-1.timeindex"]
     got = segment_indexes.read_indexes(store, PREFIX, seg.object_name, seg.index_layout,
-                                       segment_indexes.INDEX_KINDS)
+                                       segment_indexes.INDEX_KINDS, segment_bytes=seg.size_bytes)
     assert got == {"index": SECTIONS["index"], "timeindex": SECTIONS["timeindex"],
                    "txnindex": None}
     assert segment_indexes.index_object_names(seg) == tuple(
@@ -118,7 +159,7 @@ def test_kafka_index_files_as_earlier_releases_wrote_them(file_store: FileStore)
 def test_an_unknown_layout_is_refused(file_store: FileStore) -> None:
     store = file_store
     with pytest.raises(CorruptSegmentError, match="unknown index layout 7"):
-        segment_indexes.read_indexes(store, PREFIX, "0-9-1.log", 7, ("index",))
+        segment_indexes.read_indexes(store, PREFIX, "0-9-1.log", 7, ("index",), segment_bytes=100)
 
 
 def test_garbage_collection_and_listings_see_a_bundle_as_its_segment_s() -> None:

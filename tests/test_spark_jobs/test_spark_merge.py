@@ -64,7 +64,8 @@ def test_many_small_segments_become_fewer_within_target_and_read_back_identical(
     merged = next(seg for seg in m.segments if seg.name)
     assert merged.index_layout == INDEX_BUNDLE
     index = segment_indexes.read_indexes(ctx.store, m.data_prefix, merged.object_name,
-                                         merged.index_layout, ("index",))["index"]
+                                         merged.index_layout, ("index",),
+                                         segment_bytes=merged.size_bytes)["index"]
     assert index is not None
     assert len(OffsetIndex.from_bytes(index, base_offset=merged.base_offset)) > 4
 

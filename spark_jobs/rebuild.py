@@ -235,8 +235,12 @@ def _commit_over_corrupt(ctx: JobContext, m: PartitionManifest, etag: str) -> st
         except PreconditionFailed:
             if store.get(upload.key) != upload.data:
                 raise TieredError(f"{upload.key}: holds a different archived manifest") from None
-    put_on_version(store, m.key, encode_partition_manifest(plan.manifest.evolve(sequence=1)),
-                   etag)
+    rebuilt = plan.manifest.evolve(sequence=1)
+    data = encode_partition_manifest(rebuilt)
+    put_on_version(store, m.key, data, etag)
+    # no copy restored the head, so the copies there are unreadable or incomplete: both slots
+    # get the rebuilt one, or a later loss of the head could restore one of them over it
+    ctx.manifests.head_copies.keep(rebuilt, data, every_slot=True)
     return quarantine
 
 

@@ -188,7 +188,10 @@ def test_a_corrupt_head_is_replaced_on_its_etag_and_kept_aside(
 ) -> None:
     ctx, store, archived = bucket
     key = keys.partition_manifest_key(TOPIC, 1, REVISION)
-    store.delete_many(list(keys.head_copy_keys(key)))  # no copy: rebuilt from the listing
+    # no copy restores it (one garbled, one gone): rebuilt from the listing
+    garbled_copy, lost_copy = keys.head_copy_keys(key)
+    store.put(garbled_copy, b"garbled copy")
+    store.delete_many([lost_copy])
     store.put(key, b'{"version":1,"kind":"partition", garbage')
 
     summary = run_rebuild_manifests(ctx, topic=TOPIC)
@@ -198,6 +201,9 @@ def test_a_corrupt_head_is_replaced_on_its_etag_and_kept_aside(
     assert row["head"] == "corrupt" and "restored_from_copy" not in row
     assert store.get(row["quarantined"]) == b'{"version":1,"kind":"partition", garbage'
     assert _head_segments(ctx, 1) == archived.segments[1]
+    # the rebuilt head is copied to both slots: no unusable copy stays to be restored later
+    head = store.get(key)
+    assert [store.get(k) for k in keys.head_copy_keys(key)] == [head, head]
 
 
 def test_a_head_of_a_newer_release_is_left_as_it_is(

@@ -7,10 +7,13 @@ bucket:
 1. `archive --once` as the command runs it (a passive lease member, maximum shares), in this
    process over a store that counts every request by operation and kind of object: wall
    time, segments/s, requests per segment and per partition;
-2. the baseline: a boto3 script doing the same PUTs (every segment, and its index files as
-   one object, as the archiver bundles them)
-   with the same concurrency (the archiver's upload budget) into another bucket of the same
-   server, in the same run: segments/s and tiered's ratio to it;
+2. two baselines, each a boto3 script with the same concurrency (the archiver's upload
+   budget) into another bucket of the same server, in the same run: segments/s and tiered's
+   ratio to it. The first PUTs the objects alone (every segment, and its index files as one
+   object, as the archiver bundles them): what safety costs over bare uploads. The second
+   makes every PUT `archive --once` made, the same keys with bodies of the same sizes (its
+   objects, and its heads and their copies, leases, node and topic records): what the
+   sidecar costs over the writes it must make, its reads and its own work;
 3. `tiered run` as a child process on the archived bucket: seconds from start until every
    partition's lease is held (its `tiered_leases_held` gauge), then, once it has settled,
    its CPU over `--idle-s` seconds (percent of one core, and per 1,000 partitions), its RSS,
@@ -44,12 +47,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -102,6 +107,8 @@ def write_log(log_dir: Path, partitions: int) -> None:
 
 #: one object to put: its key and the files whose bytes, concatenated, are its body
 Upload = tuple[str, tuple[Path, ...]]
+#: one PUT the sidecar made: its key and its body's size
+Put = tuple[str, int]
 
 
 def closed_files(log_dir: Path) -> list[Upload]:
@@ -124,8 +131,37 @@ def _body(paths: tuple[Path, ...]) -> bytes:
 # --- the phases -------------------------------------------------------------------------------
 
 
-def archive_once(config_path: Path) -> dict[str, Any]:
-    """`tiered archive --once`, as the command composes it, over a counting store."""
+class RecordingStore(CountingStore):
+    """A counting store that also keeps the key and size of every PUT that succeeded, for the
+    baseline that makes the same PUTs (`Buckets.writer`)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.puts: list[Put] = []
+        self._puts_lock = threading.Lock()
+
+    def _keep(self, key: str, size: int) -> None:
+        with self._puts_lock:
+            self.puts.append((key, size))
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            if_match: str | None = None) -> str:
+        etag = super().put(key, data, if_none_match=if_none_match, if_match=if_match)
+        self._keep(key, len(data))
+        return etag
+
+    def put_file(self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
+                 byte_range: tuple[int, int] | None = None) -> str:
+        etag = super().put_file(key, path, ready=ready, byte_range=byte_range)
+        size = (byte_range[1] - byte_range[0] if byte_range is not None
+                else Path(path).stat().st_size)
+        self._keep(key, size)
+        return etag
+
+
+def archive_once(config_path: Path) -> tuple[dict[str, Any], list[Put]]:
+    """`tiered archive --once`, as the command composes it, over a counting store: its
+    figures, and every PUT it made (key, bytes)."""
     from archiver.controller import ControllerParams
     from archiver.service import Archiver
     from tiered.app.cluster import keeper_for, leases_for
@@ -133,7 +169,7 @@ def archive_once(config_path: Path) -> dict[str, Any]:
     from tiered.store import open_store
 
     config = load_config(config_path)
-    store = CountingStore(open_store(config.store_settings(), probe=False))
+    store = RecordingStore(open_store(config.store_settings(), probe=False))
     shares = ControllerParams.from_cluster(config.cluster).max_shares
     start, cpu = time.monotonic(), time.process_time()
     archiver = Archiver(config, store, fixed_shares=shares)
@@ -150,7 +186,7 @@ def archive_once(config_path: Path) -> dict[str, Any]:
     partitions = len({(p.topic, p.partition) for p in report.partitions})
     total = sum(store.seen.values())
     objects = store.seen["put", "segment"] + store.seen["put", "index"]
-    return {
+    figures = {
         "ok": report.ok, "errors": report.errors[:3],
         "seconds": round(seconds, 1), "cpu_seconds": round(time.process_time() - cpu, 1),
         "uploaded_segments": segments, "segments_per_s": round(segments / seconds, 1),
@@ -161,6 +197,7 @@ def archive_once(config_path: Path) -> dict[str, Any]:
         "requests_per_partition_beyond_objects": round((total - objects) / max(1, partitions), 2),
         "requests_by_kind": {f"{op} {what}": n for (op, what), n in sorted(store.seen.items())},
     }
+    return figures, store.puts
 
 
 class MotoBuckets:
@@ -180,16 +217,16 @@ class MotoBuckets:
         self.moto.create_bucket(name)
         return name, self.moto.endpoint
 
-    def baseline(self, name: str, files: list[Upload], concurrency: int,
-                 segments: int) -> dict[str, Any]:
-        """The same PUTs with the same concurrency, by a plain boto3 script."""
+    def writer(self, name: str, concurrency: int) -> Writer:
+        """A plain boto3 script's PUTs into a new bucket `name`, with a pool for
+        `concurrency`."""
         self.moto.create_bucket(name)
         client = self.moto.client(max_pool_connections=concurrency)
 
-        def put(upload: Upload) -> None:
-            client.put_object(Bucket=name, Key=upload[0], Body=_body(upload[1]))
+        def put(key: str, body: bytes) -> None:
+            client.put_object(Bucket=name, Key=key, Body=body)
 
-        return _timed_puts(put, files, concurrency, segments, client.close)
+        return put, client.close
 
     def segments_in(self, name: str) -> int:
         if self._client is None:
@@ -226,15 +263,11 @@ class FileBuckets:
 
         return open_store(StoreSettings(url=f"file://{self.root / name}"), probe=False)
 
-    def baseline(self, name: str, files: list[Upload], concurrency: int,
-                 segments: int) -> dict[str, Any]:
+    def writer(self, name: str, concurrency: int) -> Writer:
+        """Writes into a new directory `name` through the sidecar's own file store."""
         self.create(name)
         store = self._store(name)
-
-        def put(upload: Upload) -> None:
-            store.put(upload[0], _body(upload[1]))
-
-        return _timed_puts(put, files, concurrency, segments, store.close)
+        return (lambda key, body: store.put(key, body)), store.close
 
     def segments_in(self, name: str) -> int:
         """Through the store's own listing: the directory also holds its ETag side files,
@@ -251,17 +284,33 @@ class FileBuckets:
 
 
 Buckets = MotoBuckets | FileBuckets
+#: what `Buckets.writer` gives: put(key, body), and close()
+Writer = tuple[Callable[[str, bytes], object], Callable[[], object]]
 
 
-def _timed_puts(put: Callable[[Upload], object], files: list[Upload], concurrency: int,
-                segments: int, close: Callable[[], object]) -> dict[str, Any]:
+def timed_puts(buckets: Buckets, name: str, puts: list[tuple[str, Callable[[], bytes]]],
+               concurrency: int, segments: int) -> dict[str, Any]:
+    """`puts` (key, its body) into a new bucket `name` through `buckets.writer`, `concurrency`
+    at a time: seconds, and `segments` per second. Bodies are made inside the timing, as the
+    sidecar reads its files inside its own."""
+    put, close = buckets.writer(name, concurrency)
     start = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(put, files))
+        list(pool.map(lambda item: put(item[0], item[1]()), puts))
     seconds = time.monotonic() - start
     close()
-    return {"seconds": round(seconds, 1), "puts": len(files),
+    return {"seconds": round(seconds, 1), "puts": len(puts),
             "segments_per_s": round(segments / seconds, 1)}
+
+
+def object_puts(files: list[Upload]) -> list[tuple[str, Callable[[], bytes]]]:
+    """The baseline's PUTs: every closed segment and its indexes, the files' own bytes."""
+    return [(key, functools.partial(_body, paths)) for key, paths in files]
+
+
+def same_puts(puts: list[Put]) -> list[tuple[str, Callable[[], bytes]]]:
+    """Every PUT the sidecar made, again: the same keys, bodies of the same sizes."""
+    return [(key, functools.partial(bytes, size)) for key, size in puts]
 
 
 def leases_held(daemon: DaemonProcess) -> float:
@@ -424,10 +473,15 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
                            else int(args.housekeeping_interval_s * 1000))
         config = new_bucket(buckets, bucket, workdir, log_dir, "tiered", housekeeping_ms)
         progress(f"{partitions} partitions: archive --once")
-        once = archive_once(config)
+        once, puts = archive_once(config)
         progress(f"{partitions} partitions: {buckets.baseline_name} baseline")
-        base = buckets.baseline(bucket + "-baseline", files, once["upload_concurrency"],
-                                once["uploaded_segments"])
+        concurrency, segments = once["upload_concurrency"], once["uploaded_segments"]
+        base = timed_puts(buckets, bucket + "-baseline", object_puts(files), concurrency,
+                          segments)
+        progress(f"{partitions} partitions: {buckets.baseline_name} baseline of every PUT")
+        every = timed_puts(buckets, bucket + "-every-put", same_puts(puts), concurrency,
+                           segments)
+        del puts
         progress(f"{partitions} partitions: tiered run")
         daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s,
                             counted=buckets.counts_requests, log_dir=log_dir)
@@ -443,6 +497,9 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
             "archive_once": once,
             name: base,
             f"throughput_vs_{name}": round(once["segments_per_s"] / base["segments_per_s"], 2),
+            f"{name}_every_put": every,
+            f"throughput_vs_{name}_every_put": round(
+                once["segments_per_s"] / every["segments_per_s"], 2),
             "daemon": daemon,
             "busy_stop": busy,
         }

@@ -173,6 +173,11 @@ def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
     assert run["store"] == "moto" and run["boto3"]["puts"] == 2 * 2 * 12
     once, daemon = run["archive_once"], run["daemon"]
     assert once["ok"] and once["uploaded_segments"] == 2 * 12
+    # the second baseline makes every PUT the sidecar made: its objects, heads, copies,
+    # leases, node and topic records
+    puts = sum(n for kind, n in once["requests_by_kind"].items() if kind.startswith("put "))
+    assert run["boto3_every_put"]["puts"] == puts > 2 * 2 * 12
+    assert run["throughput_vs_boto3_every_put"] > 0
     assert daemon["leases_held"] == 12 and daemon["idle_housekeeping_passes"] == 3
     assert daemon["start_store_requests"] >= 2 * 12
     assert daemon["idle_store_requests"] >= 0 and daemon["stop_s"] is not None
@@ -196,6 +201,7 @@ def test_partitions_benchmark_runs_on_file_buckets() -> None:
     assert once["ok"] and once["uploaded_segments"] == 2 * 12
     assert run["file_store_puts"]["puts"] == 2 * 2 * 12
     assert run["throughput_vs_file_store_puts"] > 0
+    assert run["file_store_puts_every_put"]["puts"] > 2 * 2 * 12
     assert daemon["leases_held"] == 12 and daemon["stop_s"] is not None
     assert daemon["start_store_requests"] is None and daemon["idle_store_requests"] is None
     steady = daemon["steady"]

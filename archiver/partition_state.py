@@ -41,7 +41,12 @@ class PartitionState:
     #: holds that version and its copy shows nothing due, housekeeping costs no request
     housekept_etag: str | None = None
     #: when (ms) that full housekeeping ran, or the listing that made the partition's head
+    #: (or a census found the partition as that housekeeping left it)
     housekept_ms: int = 0
+    #: (head ETag, `listing_fingerprint`) of what the last full housekeeping judged and left,
+    #: when it found nothing waiting: a census that lists the same is spared the full pass
+    #: (`archiver.housekeeping_census`)
+    housekept_listing: tuple[str, bytes] | None = None
 
     @property
     def tp(self) -> TopicPartition:

@@ -5,7 +5,9 @@ collection of replaced segments, expired archived manifests and orphans
 `RemoteHousekeeper` decides from the bucket as it is now, never from the cursor's copy (another
 writer may have committed since); a partition whose last full housekeeping found nothing
 waiting, less than a GC grace period ago, and whose head has nothing due costs no request
-until then: `quiet`.
+until then: `quiet`. In the daemon, one listing of the bucket then tells which of those
+partitions are still as that housekeeping left them, and spares them their full pass for
+another grace period (`archiver.housekeeping_census`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from archiver.housekeeping_census import OBJECTS_PER_SPARED_PASS, Census, Judged
 from archiver.lease_keeper import Ownership
 from archiver.partition_state import PartitionState, fencing_term, role_of
 from archiver.reports import ArchiverStats, PartitionReport, PassReport
@@ -25,6 +28,7 @@ from archiver.uploader import UploadOutcome
 from manifests import edits
 from manifests.commit import ManifestStore
 from manifests.errors import HistoryWithoutHead, ManifestConflict, StaleTerm
+from manifests.lease_objects import PartitionId
 from tiered.config import TopicConfig
 from tiered.errors import TieredError
 from tiered.kafka.checkpoints import TopicPartition
@@ -70,6 +74,8 @@ class RemoteHousekeeper:
         #: the daemon's: each partition's first full pass falls at its own point of the first
         #: GC grace period, not all of them at start (`spread_first_pass`)
         self.spread_first_full_pass = False
+        #: the daemon's: a pass first takes a census of the bucket (`take_census`)
+        self.census = False
         self._seen: set[TopicPartition] = set()
 
     @property
@@ -85,6 +91,8 @@ class RemoteHousekeeper:
         `stopping`, the partitions not yet started are left for the next pass."""
         if not states:
             return self.report([])
+        if self.census:
+            self.take_census(states, stopping)
 
         def one(state: PartitionState) -> tuple[PartitionReport | None, int]:
             return (None, 0) if stopping() else self.partition(state)
@@ -111,14 +119,10 @@ class RemoteHousekeeper:
         row = PartitionReport(tp.topic, tp.partition, decision="housekept")
         with state.lock:
             try:
-                tc = self._topic_config(tp.topic)
-                if not tc.remote_write or not role_of(self.ownership, state).uploader or (
-                        state.fenced_by is not None and state.term <= state.fenced_by):
+                housekept, limits = self._housekept_here(state)
+                if not housekept:
                     return None, 0
                 cursor = state.cursor
-                limits = None
-                if tc.remote_retention_applies:
-                    limits = RetentionLimits(tc.retention_ms, tc.retention_bytes)
                 now = self._now_ms()
                 if self.spread_first_full_pass and tp not in self._seen:
                     self._seen.add(tp)
@@ -147,6 +151,9 @@ class RemoteHousekeeper:
             waiting = out.waiting or out.errors or out.lost_history or out.etag is None
             state.housekept_etag = None if waiting else out.etag
             state.housekept_ms = now
+            state.housekept_listing = (None if waiting or out.etag is None
+                                       or out.fingerprint is None
+                                       else (out.etag, out.fingerprint))
         self._lost_history(state.tp, out.lost_history)
         with self._lock:
             self._stats.commits_total += out.commits
@@ -155,6 +162,76 @@ class RemoteHousekeeper:
         if out.new_start_offset is not None:
             row.detail = f"remote start offset now {out.new_start_offset}"
         return row, out.deleted_objects
+
+    def _housekept_here(self, state: PartitionState) -> tuple[bool, RetentionLimits | None]:
+        """Whether this process housekeeps the partition now (a remote-write topic whose
+        lease it holds, not fenced), and the remote retention limits that then apply."""
+        tc = self._topic_config(state.tp.topic)
+        if not tc.remote_write or not role_of(self.ownership, state).uploader or (
+                state.fenced_by is not None and state.term <= state.fenced_by):
+            return False, None
+        if tc.remote_retention_applies:
+            return True, RetentionLimits(tc.retention_ms, tc.retention_bytes)
+        return True, None
+
+    def take_census(self, states: list[PartitionState],
+                    stopping: Callable[[], bool] = lambda: False) -> int:
+        """When some partition is quiet but for its grace period having passed, list the
+        bucket once and count every quiet partition the listing shows as its last full pass
+        left it as housekept now (`archiver.housekeeping_census`): no request of its own
+        until one more grace period has passed. Returns how many it spared; the others have
+        their full pass as before. A failed listing spares none."""
+        now = self._now_ms()
+        judged: dict[PartitionId, Judged] = {}
+        by_pid: dict[PartitionId, PartitionState] = {}
+        due = 0
+        for state in states:
+            with state.lock:
+                listing = state.housekept_listing
+                if listing is None or state.cursor.etag != listing[0] or (
+                        state.housekept_etag != listing[0]):
+                    continue
+                try:
+                    housekept, limits = self._housekept_here(state)
+                except TieredError:
+                    continue
+                if not housekept or not self._settled(state, limits, now):
+                    continue
+                judged[state.pid], by_pid[state.pid] = listing, state
+                due += now - state.housekept_ms >= self.gc.grace_ms
+        if not due:
+            return 0
+        census = Census(judged, max_objects=OBJECTS_PER_SPARED_PASS * len(judged))
+        try:
+            for info in self.mstore.store.list():
+                if stopping() or not census.feed(info):
+                    break
+        except TieredError as exc:
+            log.warning("housekeeping census: listing the bucket failed (%s); the partitions "
+                        "it was for have their full pass instead", exc)
+            return 0
+        if stopping():
+            return 0
+        if census.gave_up:
+            log.info("housekeeping census: the bucket holds more than %d objects, more than "
+                     "the full passes of %d partition(s) would cost; full passes instead",
+                     census.max_objects, len(judged))
+            return 0
+        spared = 0
+        for pid in census.unchanged():
+            state = by_pid[pid]
+            with state.lock:  # an upload round may have committed since: then not spared
+                listing = judged[pid]
+                if (state.housekept_listing == listing and state.cursor.etag == listing[0]
+                        and state.housekept_etag == listing[0]):
+                    state.housekept_ms = max(state.housekept_ms, now)
+                    spared += 1
+        with self._lock:
+            self._stats.census_spared_total += spared
+        log.info("housekeeping census: listed %d object(s); %d of %d quiet partition(s) are "
+                 "as their last full pass left them (%d were due a full pass)",
+                 census.objects, spared, len(judged), due)
+        return spared
 
     def spread_first_pass(self, state: PartitionState, now_ms: int) -> None:
         """Count the partition as fully housekept at a point of the last grace period fixed by
@@ -186,10 +263,16 @@ class RemoteHousekeeper:
         wait out a grace period anyway; and a head the bucket lost or garbled, which this
         process's next commit also finds (its compare-and-swap fails) and which readers serve
         from its copy meanwhile (docs/format.md, "Losing objects")."""
+        return (now_ms - state.housekept_ms < self.gc.grace_ms
+                and self._settled(state, limits, now_ms))
+
+    @staticmethod
+    def _settled(state: PartitionState, limits: RetentionLimits | None, now_ms: int) -> bool:
+        """`quiet` but for the grace period: the last full housekeeping found nothing waiting
+        and left the head version the cursor holds, and that version has nothing due."""
         cursor = state.cursor
         m, etag = cursor.manifest, cursor.etag
-        if (m is None or etag is None or not cursor.loaded or etag != state.housekept_etag
-                or now_ms - state.housekept_ms >= self.gc.grace_ms):
+        if m is None or etag is None or not cursor.loaded or etag != state.housekept_etag:
             return False
         if m.replaced or edits.expired_archives(m):
             return False

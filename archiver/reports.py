@@ -101,6 +101,8 @@ class ArchiverStats:
     partitions_lost_history: int = 0
     #: heads restored from their copies
     heads_restored_total: int = 0
+    #: full housekeeping passes a census of the bucket spared (`archiver.housekeeping_census`)
+    census_spared_total: int = 0
     #: the object store's request counters (operations, attempts, retries, errors, exhausted)
     store_retry_stats: dict[str, int] = field(default_factory=dict)
     #: this node's upload leases (held now, handovers, what they cost)

@@ -97,6 +97,8 @@ class HousekeepingOutcome:
     lost_history: bool = False
     #: orphans too young to collect yet, or deferred: a later pass has work here
     waiting: bool = False
+    #: what the orphan collection judged and left (`manifests.collect.listing_fingerprint`)
+    fingerprint: bytes | None = None
 
 
 class GarbageCollector:
@@ -268,6 +270,7 @@ class GarbageCollector:
         out.errors.extend(done.errors)
         out.lost_history = done.anomaly is not None
         out.waiting = done.pending > 0
+        out.fingerprint = done.fingerprint
 
 
 __all__ = [

@@ -29,6 +29,7 @@ collection: a partition whose head is missing is recovery's to rebuild, not GC's
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 import math
 from collections.abc import Collection, Iterable
@@ -133,6 +134,23 @@ def cutoff_for(infos: Iterable[ObjectInfo]) -> int:
     return max((store_time_ms(i.last_modified) for i in infos), default=0)
 
 
+def unjudged_keys(topic: str, partition: int, revision: str | int) -> frozenset[str]:
+    """The objects of a partition no collection ever judges, each rewritten in place as it
+    works (commits, lease changes): the head, its copies and the lease."""
+    head = keys.partition_manifest_key(topic, partition, revision)
+    return frozenset((head, *keys.head_copy_keys(head),
+                      keys.partition_lease_key(topic, partition, revision)))
+
+
+def listing_fingerprint(pairs: Iterable[tuple[str, str]]) -> bytes:
+    """A digest of (key, ETag) pairs, in any order: two listings with the same fingerprint
+    hold the same objects in the same versions (callers leave out `unjudged_keys`)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for key, etag in sorted(pairs):
+        digest.update(f"{key}\0{etag}\n".encode())
+    return digest.digest()
+
+
 @dataclass
 class Collected:
     """What one collection of one partition did."""
@@ -150,6 +168,9 @@ class Collected:
     #: unreferenced objects a later pass may collect: too young yet, or deferred by a lost
     #: race for the cutoff commit
     pending: int = 0
+    #: `listing_fingerprint` of what the collection judged and left in place (the listing
+    #: but the deleted, and `unjudged_keys`); None when it did not judge them all
+    fingerprint: bytes | None = None
 
 
 def referenced_data_names(mstore: ManifestStore, m: PartitionManifest) -> set[str]:
@@ -265,6 +286,10 @@ def collect_orphans(
         if failed:
             out.errors.append(f"{len(failed)} orphan(s) could not be deleted, e.g. "
                               f"{sorted(failed)[0]}")
+    if only is None:
+        left_out = unjudged_keys(topic, partition, revision) | set(out.deleted)
+        out.fingerprint = listing_fingerprint(
+            (i.key, i.etag) for i in listing if i.key not in left_out)
     return out
 
 
@@ -276,6 +301,8 @@ __all__ = [
     "collect_orphans",
     "cutoff_for",
     "data_verdict",
+    "listing_fingerprint",
     "referenced_data_names",
     "store_time_ms",
+    "unjudged_keys",
 ]

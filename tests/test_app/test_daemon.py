@@ -312,6 +312,9 @@ def test_daemon_schedules_upload_controller_retention_and_housekeeping(tmp_path:
     assert gaps[0] == pytest.approx(UPLOAD_BACKOFF_MIN_S)
     assert max(gaps) == pytest.approx(UPLOAD_BACKOFF_MAX_S)
     assert archiver.closed and store.closed
+    # a daemon's housekeeping: first full passes spread over a grace period, then a census
+    # of the bucket instead of a full pass per idle partition (docs/operations.md)
+    assert archiver.spread_first_full_pass and archiver.housekeeping_census
 
 
 def test_upload_rounds_repeat_at_once_while_there_is_progress(tmp_path: Path) -> None:

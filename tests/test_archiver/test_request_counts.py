@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from support.archiving import Clock, Disk, write_partition
 from support.configs import config_over
 from support.counting import CountingStore as Requests
 
+from archiver import remote_housekeeping
 from archiver.lease_keeper import LeaseKeeper
 from archiver.service import Archiver
+from manifests import ManifestStore, keys
+from manifests.lease_objects import PartitionId
 from tiered.config import Config
+from tiered.store.base import ObjectInfo
 from tiered.store.file import FileStore
 
 PARTITIONS = 4
@@ -214,3 +220,149 @@ def test_a_restarted_daemon_spreads_the_first_full_passes_over_a_grace_period(
         again.housekeeping()
         full += store.take()[("list", "partition")]
     assert full == PARTITIONS
+
+
+def _housekept_daemon(tmp_path: Path) -> tuple[Config, Requests, Archiver, Clock, float]:
+    """A daemon's archiver that uploaded every partition, then had a full housekeeping pass
+    of each (which judged what it listed) a grace period later; its store counts afresh."""
+    config, store = setup(tmp_path)
+    clock = Clock(time.time())
+    archiver = Archiver(config, store, disk_usage=Disk(), clock=clock)
+    archiver.housekeeping_census = True
+    member(config, store, archiver).tick()
+    assert archiver.run_once().ok
+    grace_s = config.cluster_int("cloud_storage_gc_grace_period_ms") / 1000
+    clock.advance(grace_s)
+    store.take()
+    archiver.housekeeping()  # nothing judged yet: a full pass of every partition
+    assert per_partition(store.take())[("list", "partition")] == 1
+    return config, store, archiver, clock, grace_s
+
+
+def test_an_idle_daemon_lists_the_bucket_once_a_grace_period_not_each_partition(
+        tmp_path: Path) -> None:
+    """Idle partitions cost no request of their own: once a grace period, one listing of
+    the whole bucket shows them as their last full pass left them (docs/operations.md)."""
+    _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
+    for n in range(1, 4):
+        clock.advance(grace_s)
+        archiver.housekeeping()
+        assert store.take() == Counter({("list", "partition"): 1})  # the census, for all
+        assert archiver.snapshot().census_spared_total == n * PARTITIONS
+        clock.advance(grace_s / 2)
+        archiver.housekeeping()
+        assert store.take() == Counter()
+
+
+def _pid(archiver: Archiver, partition: int) -> PartitionId:
+    return next(p for p in archiver.replicas() if p.partition == partition)
+
+
+def _orphan(store: Requests, archiver: Archiver) -> str:
+    """Another writer's upload that never committed: a segment of an older term, below the
+    head's end (dead once old enough)."""
+    m = archiver.mstore.load(*_pid(archiver, 0))[0]
+    key = m.data_prefix + "0-0-0.log"
+    store.inner.put(key, b"an upload that never committed")
+    return key
+
+
+def test_a_census_leaves_a_partition_another_writer_touched_to_its_full_pass(
+        tmp_path: Path) -> None:
+    """An object added under one partition (another writer's upload that never committed):
+    the census spares the others, that one has its full pass, which collects the orphan;
+    from then on it is spared again."""
+    _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
+    orphan = _orphan(store, archiver)
+    store.take()
+    clock.advance(grace_s)
+    archiver.housekeeping()
+    # the census, then the one partition's full pass: its listing, its head (read before
+    # retention and again after the listing) and the deletion
+    assert store.take() == Counter({("list", "partition"): 2, ("get", "head"): 2,
+                                    ("delete", "segment"): 1})
+    assert not store.inner.exists(orphan)
+    clock.advance(grace_s)
+    archiver.housekeeping()
+    assert store.take() == Counter({("list", "partition"): 1})
+
+
+def test_a_census_sends_a_partition_whose_head_changed_or_went_to_its_full_pass(
+        tmp_path: Path) -> None:
+    """Another writer's commit (a new head version), a head the bucket lost, a bundle it
+    lost: each makes its partition differ from what its last full pass judged. Those have
+    their full pass, which reads the head afresh (restoring the lost one from its copy)."""
+    _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
+    mstore = archiver.mstore
+    # partition 0: another writer commits (its version is not the one this node holds)
+    mstore.update(*_pid(archiver, 0), lambda m: m.evolve(gc_cutoff_ms=1))
+    # partition 1: the bucket loses its head
+    head = mstore.load(*_pid(archiver, 1))[0]
+    store.inner.delete_many([head.key])
+    # partition 2: the bucket loses an index bundle
+    m2 = mstore.load(*_pid(archiver, 2))[0]
+    bundle = m2.data_prefix + keys.index_name(next(m2.segments.rows(0)).object_name, "indexes")
+    assert store.inner.exists(bundle)
+    store.inner.delete_many([bundle])
+    store.take()
+    clock.advance(grace_s)
+    archiver.housekeeping()
+    seen = store.take()
+    # the census, three full passes, and the listing that proves the lost head's copy whole
+    assert seen[("list", "partition")] == 1 + 3 + 1
+    assert mstore.load(*_pid(archiver, 1))[1] is not None  # restored
+    store.take()
+    clock.advance(grace_s)
+    archiver.housekeeping()
+    # partitions 0 and 1 as their full pass left them now; partition 2 still lacks its
+    # bundle, which no pass restores: it is as its full pass left it too
+    assert store.take() == Counter({("list", "partition"): 1})
+
+
+def test_a_census_gives_up_on_a_bucket_larger_than_the_passes_it_would_spare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket shared by many sidecars: listing it costs more than the full passes it
+    would spare, so the census stops and the full passes run."""
+    _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
+    monkeypatch.setattr(remote_housekeeping, "OBJECTS_PER_SPARED_PASS", 1)
+    clock.advance(grace_s)
+    archiver.housekeeping()
+    assert per_partition(store.take())[("list", "partition")] == 1 + 1 / PARTITIONS
+
+
+def test_without_a_census_an_idle_partition_has_its_full_pass_each_grace_period(
+        tmp_path: Path) -> None:
+    """`archive --once` and a bare archiver take no census: the full pass, as before."""
+    _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
+    archiver.housekeeping_census = False
+    clock.advance(grace_s)
+    archiver.housekeeping()
+    assert per_partition(store.take())[("list", "partition")] == 1
+
+
+def test_a_commit_racing_the_census_listing_is_seen_by_the_next_census(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer commits to a partition after the census listed it: the census spares
+    it (what it listed was as the full pass left it), and the next census, one grace period
+    later, sees the new head and sends the partition to its full pass. A change only waits;
+    the census never decides a deletion."""
+    _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
+    other = ManifestStore(store.inner)
+    pid = _pid(archiver, 0)
+    listed = store.list
+
+    def list_then_commit(prefix: str = "") -> Iterator[ObjectInfo]:
+        yield from listed(prefix)
+        if prefix == "":
+            other.update(*pid, lambda m: m.evolve(gc_cutoff_ms=1))
+
+    monkeypatch.setattr(store, "list", list_then_commit)
+    clock.advance(grace_s)
+    archiver.housekeeping()
+    monkeypatch.setattr(store, "list", listed)
+    assert store.take() == Counter({("list", "partition"): 1})
+    clock.advance(grace_s)
+    archiver.housekeeping()
+    seen = store.take()
+    assert seen[("list", "partition")] == 2 and seen[("get", "head")] == 2  # one full pass
+    assert archiver.mstore.load(*pid)[0].gc_cutoff_ms == 1

@@ -453,6 +453,8 @@ class Daemon:
             archiver.stopping = self._stop.is_set  # passes end with the partitions in flight
             # no restart storm of full housekeeping passes at thousands of partitions
             archiver.spread_first_full_pass = True
+            # and no full pass per idle partition each grace period: one listing of the bucket
+            archiver.housekeeping_census = True
             try:
                 from tiered.app.cluster import leases_for
 

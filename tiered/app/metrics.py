@@ -83,6 +83,9 @@ ARCHIVER_METRICS: dict[str, _Scalar] = {
                                        "with recover --rebuild-manifests."),
     "heads_restored": _Scalar("heads_restored_total", "counter",
                               "Head manifests restored from their copies."),
+    "housekeeping_census_spared": _Scalar("census_spared_total", "counter",
+                                          "Full housekeeping passes of idle partitions a "
+                                          "census of the bucket spared."),
     "upload_backlog_bytes": _Scalar("pending_bytes", "gauge",
                                     "Local bytes not yet covered by a committed manifest."),
     "upload_backlog_ratio": _Scalar("backlog_ratio", "gauge",

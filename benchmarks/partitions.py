@@ -24,7 +24,11 @@ bucket:
    holds every head, and its store requests until it has committed them are counted per
    segment. `--housekeeping-interval-s` shortens the daemon's housekeeping interval
    (`cloud_storage_housekeeping_interval_ms`, 5 minutes by default) so that the idle window
-   holds several housekeeping passes and their requests (`idle_housekeeping_passes`);
+   holds several housekeeping passes and their requests (`idle_housekeeping_passes`), and
+   `--grace-period-s` the GC grace period (1 hour by default), so that it holds the
+   housekeeping of whole grace periods: the census of the bucket that stands in for the
+   idle partitions' full passes (`idle_census_spared_passes`; the window then starts once
+   the first full passes, spread over the first grace period, are over);
 4. a busy stop: `tiered run` on a second, empty bucket (every partition to upload again),
    sent SIGTERM once its first segments are uploaded: the time to its exit and the segments
    it uploaded, of all it had to (a stop ends each pass with the partitions in flight).
@@ -39,6 +43,8 @@ with the same concurrency, through the same file store. This shows what the side
 can do when the store is not the bound.
 
     python benchmarks/partitions.py --counts 200            # a quick look
+    python benchmarks/partitions.py --counts 1000 --housekeeping-interval-s 5 \
+        --grace-period-s 20 --idle-s 60                     # idle grace periods
     python benchmarks/partitions.py                         # 1k / 5k / 10k (long)
     python benchmarks/partitions.py --store file --counts 10000
 """
@@ -375,7 +381,7 @@ def steady_round(daemon: DaemonProcess, log_dir: Path, partitions: int, *, count
 
 def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
                start_timeout_s: float, *, counted: bool = True,
-               log_dir: Path | None = None) -> dict[str, Any]:
+               log_dir: Path | None = None, warm_s: float = 0.0) -> dict[str, Any]:
     """`counted`: the daemon counts its store requests (`counts_requests` of the buckets);
     otherwise its request figures are None, not 0. With `log_dir`, after the idle window,
     the steady state (`steady_round`)."""
@@ -396,9 +402,16 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
         out["settle_s"] = daemon.settle(timeout_s=120)
         requests = store_requests(daemon) if counted else None
         out["start_store_requests"] = requests  # taking the leases, reading the heads
+        if warm_s:
+            time.sleep(warm_s)
+            requests = store_requests(daemon) if counted else None
+            out["warm_s"] = warm_s
+        spared = daemon.metric("tiered_housekeeping_census_spared_total")
         cpu = daemon.cpu_s()
         time.sleep(idle_s)
         cpu = daemon.cpu_s() - cpu
+        out["idle_census_spared_passes"] = int(
+            daemon.metric("tiered_housekeeping_census_spared_total") - spared)
         out["idle_s"] = idle_s
         out["idle_cpu_percent_of_a_core"] = round(100 * cpu / idle_s, 2)
         out["idle_cpu_percent_per_1000_partitions"] = round(
@@ -422,7 +435,7 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
 
 
 def new_bucket(buckets: Buckets, bucket: str, workdir: Path, log_dir: Path, name: str,
-               housekeeping_ms: int | None = None) -> Path:
+               housekeeping_ms: int | None = None, grace_ms: int | None = None) -> Path:
     """`bucket`, created, and the path of a daemon configuration `name`.toml over it and
     `log_dir` (a cache directory of its own)."""
     where, endpoint = buckets.create(bucket)
@@ -430,6 +443,8 @@ def new_bucket(buckets: Buckets, bucket: str, workdir: Path, log_dir: Path, name
     cluster = "cloud_storage_upload_lease_ms = 30000"
     if housekeeping_ms is not None:
         cluster += f"\ncloud_storage_housekeeping_interval_ms = {housekeeping_ms}"
+    if grace_ms is not None:
+        cluster += f"\ncloud_storage_gc_grace_period_ms = {grace_ms}"
     config.write_text(daemon_config(
         bucket=where, endpoint=endpoint, log_dir=log_dir, cache_dir=workdir / f"{name}-cache",
         cluster=cluster))
@@ -471,7 +486,9 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
         bucket = f"partitions-{partitions}-{uuid.uuid4().hex[:8]}"
         housekeeping_ms = (None if args.housekeeping_interval_s is None
                            else int(args.housekeeping_interval_s * 1000))
-        config = new_bucket(buckets, bucket, workdir, log_dir, "tiered", housekeeping_ms)
+        grace_ms = None if args.grace_period_s is None else int(args.grace_period_s * 1000)
+        config = new_bucket(buckets, bucket, workdir, log_dir, "tiered", housekeeping_ms,
+                            grace_ms)
         progress(f"{partitions} partitions: archive --once")
         once, puts = archive_once(config)
         progress(f"{partitions} partitions: {buckets.baseline_name} baseline")
@@ -483,11 +500,17 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
                            segments)
         del puts
         progress(f"{partitions} partitions: tiered run")
+        # with a short grace period, the idle window starts once the first full passes
+        # (spread over the first grace period) are over and a census has run
+        warm_s = (0.0 if args.grace_period_s is None
+                  else args.grace_period_s + (args.housekeeping_interval_s or 0.0))
         daemon = run_daemon(config, workdir, partitions, args.idle_s, args.start_timeout_s,
-                            counted=buckets.counts_requests, log_dir=log_dir)
+                            counted=buckets.counts_requests, log_dir=log_dir, warm_s=warm_s)
         if args.housekeeping_interval_s is not None:
             daemon["idle_housekeeping_passes"] = int(args.idle_s
                                                      // args.housekeeping_interval_s)
+        if args.grace_period_s is not None:
+            daemon["idle_grace_periods"] = round(args.idle_s / args.grace_period_s, 1)
         progress(f"{partitions} partitions: a busy stop")
         busy = busy_stop(buckets, workdir, log_dir, len(closed_files(log_dir)) // 2)
         name = buckets.baseline_name
@@ -517,6 +540,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--housekeeping-interval-s", type=float, default=None,
                         help="the daemon's housekeeping interval (default: the property's "
                              "default, 5 minutes, longer than the idle window)")
+    parser.add_argument("--grace-period-s", type=float, default=None,
+                        help="the GC grace period (`cloud_storage_gc_grace_period_ms`, 1 hour "
+                             "by default): shorter than the idle window, it shows the idle "
+                             "housekeeping of whole grace periods; the window then starts one "
+                             "grace period and one housekeeping interval after settling")
     parser.add_argument("--store", choices=("moto", "file"), default="moto",
                         help="a moto_server child process (default) or file:// buckets")
     args = parser.parse_args(argv)

@@ -167,7 +167,7 @@ def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
     the daemon's request counter must see its start (a lease and a head per partition at
     least), or its idle figure would read 0 whatever the daemon did."""
     reports = _partitions_reports("--counts", "12", "--idle-s", "3",
-                                  "--housekeeping-interval-s", "1")
+                                  "--housekeeping-interval-s", "1", "--grace-period-s", "2")
     (run,) = reports[-1]["runs"]
     # each segment and its index bundle
     assert run["store"] == "moto" and run["boto3"]["puts"] == 2 * 2 * 12
@@ -179,6 +179,8 @@ def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
     assert run["boto3_every_put"]["puts"] == puts > 2 * 2 * 12
     assert run["throughput_vs_boto3_every_put"] > 0
     assert daemon["leases_held"] == 12 and daemon["idle_housekeeping_passes"] == 3
+    # a grace period and a half idle, after the first full passes: the census spares them
+    assert daemon["idle_grace_periods"] == 1.5 and daemon["idle_census_spared_passes"] > 0
     assert daemon["start_store_requests"] >= 2 * 12
     assert daemon["idle_store_requests"] >= 0 and daemon["stop_s"] is not None
     # the steady state: the logs grew under the running daemon, which uploaded it all

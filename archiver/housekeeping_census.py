@@ -9,8 +9,9 @@ follows the data, not the partition count (docs/operations.md, "An idle partitio
 
 A partition is spared its full pass when the listing shows its head at the version its last
 full pass left and every other object of its prefixes exactly as that pass judged them: the
-same keys with the same ETags (`manifests.collect.listing_fingerprint`; the head's copies and
-the lease, rewritten as the node works and never collected, are left out). Nothing any writer
+same keys with the same ETags (`manifests.collect.listing_fingerprint`, built as the listing
+goes, so the census holds 16 bytes per partition, not its objects; the head's copies and the
+lease, rewritten as the node works and never collected, are left out). Nothing any writer
 could have done since is then in the bucket, so that pass's verdict, nothing waiting, still
 holds, and the partition counts as housekept as of the census. An object added (another
 writer's upload that never committed), removed or rewritten, a head changed, lost or garbled:
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from manifests import keys
-from manifests.collect import listing_fingerprint, unjudged_keys
+from manifests.collect import Fingerprint, unjudged_keys
 from manifests.lease_objects import PartitionId
 from tiered.store.base import ObjectInfo
 
@@ -53,7 +54,8 @@ class _Listed:
     head_key: str
     left_out: frozenset[str]
     head_etag: str | None = None
-    pairs: list[tuple[str, str]] = field(default_factory=list)
+    #: of the other objects, as they are listed (in key order, as the full pass sorts them)
+    fingerprint: Fingerprint = field(default_factory=Fingerprint)
 
 
 class Census:
@@ -89,7 +91,7 @@ class Census:
                 listed.head_etag = info.etag
             elif key.startswith((listed.data_prefix, listed.meta_prefix)) and (
                     key not in listed.left_out):
-                listed.pairs.append((key, info.etag))
+                listed.fingerprint.add(key, info.etag)
         return True
 
     def unchanged(self) -> list[PartitionId]:
@@ -100,4 +102,4 @@ class Census:
             return []
         return [pid for pid, listed in self._listed.items()
                 if listed.head_etag == self._judged[pid][0]
-                and listing_fingerprint(listed.pairs) == self._judged[pid][1]]
+                and listed.fingerprint.digest() == self._judged[pid][1]]

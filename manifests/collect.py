@@ -142,13 +142,34 @@ def unjudged_keys(topic: str, partition: int, revision: str | int) -> frozenset[
                       keys.partition_lease_key(topic, partition, revision)))
 
 
+class Fingerprint:
+    """`listing_fingerprint` built one object at a time, as a listing yields them: keys in
+    ascending order (S3's, and the file store's), or the fingerprint is void."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.blake2b(digest_size=16)
+        self._last: str | None = None
+        self._in_order = True
+
+    def add(self, key: str, etag: str) -> None:
+        if self._last is not None and key <= self._last:
+            self._in_order = False
+        self._last = key
+        self._digest.update(f"{key}\0{etag}\n".encode())
+
+    def digest(self) -> bytes | None:
+        """The fingerprint; None when the keys did not come in ascending order."""
+        return self._digest.digest() if self._in_order else None
+
+
 def listing_fingerprint(pairs: Iterable[tuple[str, str]]) -> bytes:
     """A digest of (key, ETag) pairs, in any order: two listings with the same fingerprint
     hold the same objects in the same versions (callers leave out `unjudged_keys`)."""
-    digest = hashlib.blake2b(digest_size=16)
+    fingerprint = Fingerprint()
     for key, etag in sorted(pairs):
-        digest.update(f"{key}\0{etag}\n".encode())
-    return digest.digest()
+        fingerprint.add(key, etag)
+    # b"" (a key listed twice) matches no census: the partition keeps its full passes
+    return fingerprint.digest() or b""
 
 
 @dataclass
@@ -295,6 +316,7 @@ def collect_orphans(
 
 __all__ = [
     "Collected",
+    "Fingerprint",
     "HeadFacts",
     "Verdict",
     "archive_verdict",

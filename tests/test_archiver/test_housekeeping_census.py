@@ -91,3 +91,12 @@ def test_a_census_gives_up_past_its_object_limit() -> None:
     census = census_of({A: judged(A, objects(A)), B: judged(B, objects(B))}, listing,
                        max_objects=len(listing) - 1)
     assert census.gave_up and census.unchanged() == []
+
+
+def test_a_listing_out_of_key_order_spares_nothing() -> None:
+    """The fingerprint is built as the listing goes, in key order: a store that lists out of
+    order cannot match it, and its partitions keep their full passes."""
+    census = Census({A: judged(A, objects(A))}, max_objects=1000)
+    for i in reversed(objects(A)):
+        census.feed(i)
+    assert census.unchanged() == []

@@ -28,7 +28,8 @@ bucket:
    `--grace-period-s` the GC grace period (1 hour by default), so that it holds the
    housekeeping of whole grace periods: the census of the bucket that stands in for the
    idle partitions' full passes (`idle_census_spared_passes`; the window then starts once
-   the first full passes, spread over the first grace period, are over);
+   the first full passes, spread over the first grace period, are over and a census has
+   spared as many passes as there are partitions, `warm_s` after settling);
 4. a busy stop: `tiered run` on a second, empty bucket (every partition to upload again),
    sent SIGTERM once its first segments are uploaded: the time to its exit and the segments
    it uploaded, of all it had to (a stop ends each pass with the partitions in flight).
@@ -403,9 +404,16 @@ def run_daemon(config_path: Path, workdir: Path, partitions: int, idle_s: float,
         requests = store_requests(daemon) if counted else None
         out["start_store_requests"] = requests  # taking the leases, reading the heads
         if warm_s:
+            # the first full passes are spread over the first grace period, and at thousands
+            # of partitions on moto they lag it: the window starts once the census has spared
+            # as many passes as there are partitions (never, without a census: the timeout)
+            warm_start = time.monotonic()
             time.sleep(warm_s)
+            while (daemon.metric("tiered_housekeeping_census_spared_total") < partitions
+                   and time.monotonic() - warm_start < 5 * warm_s):
+                time.sleep(0.5)
             requests = store_requests(daemon) if counted else None
-            out["warm_s"] = warm_s
+            out["warm_s"] = round(time.monotonic() - warm_start, 1)
         spared = daemon.metric("tiered_housekeeping_census_spared_total")
         cpu = daemon.cpu_s()
         time.sleep(idle_s)

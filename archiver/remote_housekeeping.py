@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from archiver.housekeeping_census import OBJECTS_PER_SPARED_PASS, Census, Judged
+from archiver.housekeeping_census import Judged, shards
 from archiver.lease_keeper import Ownership
 from archiver.partition_state import PartitionState, fencing_term, role_of
 from archiver.reports import ArchiverStats, PartitionReport, PassReport
@@ -92,7 +92,7 @@ class RemoteHousekeeper:
         if not states:
             return self.report([])
         if self.census:
-            self.take_census(states, stopping)
+            self.take_census(states, concurrency, stopping)
 
         def one(state: PartitionState) -> tuple[PartitionReport | None, int]:
             return (None, 0) if stopping() else self.partition(state)
@@ -174,13 +174,14 @@ class RemoteHousekeeper:
             return True, RetentionLimits(tc.retention_ms, tc.retention_bytes)
         return True, None
 
-    def take_census(self, states: list[PartitionState],
+    def take_census(self, states: list[PartitionState], concurrency: int,
                     stopping: Callable[[], bool] = lambda: False) -> int:
         """When some partition is quiet but for its grace period having passed, list the
-        bucket once and count every quiet partition the listing shows as its last full pass
-        left it as housekept now (`archiver.housekeeping_census`): no request of its own
-        until one more grace period has passed. Returns how many it spared; the others have
-        their full pass as before. A failed listing spares none."""
+        bucket once (`concurrency` pieces at a time) and count every quiet partition the
+        listing shows as its last full pass left it as housekept now
+        (`archiver.housekeeping_census`): no request of its own until one more grace period
+        has passed. Returns how many it spared; the others have their full pass as before.
+        A piece whose listing failed or gave up spares none."""
         now = self._now_ms()
         judged: dict[PartitionId, Judged] = {}
         by_pid: dict[PartitionId, PartitionState] = {}
@@ -201,24 +202,29 @@ class RemoteHousekeeper:
                 due += now - state.housekept_ms >= self.gc.grace_ms
         if not due:
             return 0
-        census = Census(judged, max_objects=OBJECTS_PER_SPARED_PASS * len(judged))
-        try:
-            for info in self.mstore.store.list():
-                if stopping() or not census.feed(info):
-                    break
-        except TieredError as exc:
-            log.warning("housekeeping census: listing the bucket failed (%s); the partitions "
-                        "it was for have their full pass instead", exc)
-            return 0
-        if stopping():
-            return 0
-        if census.gave_up:
-            log.info("housekeeping census: the bucket holds more than %d objects, more than "
-                     "the full passes of %d partition(s) would cost; full passes instead",
-                     census.max_objects, len(judged))
-            return 0
+        pieces = shards(judged)
+
+        def take(digit: str) -> list[PartitionId]:
+            census = pieces[digit]
+            try:
+                for info in self.mstore.store.list(digit):
+                    if stopping() or not census.feed(info):
+                        break
+            except TieredError as exc:
+                log.warning("housekeeping census: listing %s... failed (%s); its partitions "
+                            "have their full pass instead", digit, exc)
+                return []
+            if census.gave_up:
+                log.info("housekeeping census: more than %d objects of other partitions under "
+                         "%s..., more than the full passes of its %d partition(s) would cost; "
+                         "full passes instead", census.max_foreign, digit, len(census.judged))
+            return [] if stopping() else census.unchanged()
+
+        with ThreadPoolExecutor(max(1, min(len(pieces), concurrency)),
+                                thread_name_prefix="census") as pool:
+            unchanged = [pid for found in pool.map(take, pieces) for pid in found]
         spared = 0
-        for pid in census.unchanged():
+        for pid in unchanged:
             state = by_pid[pid]
             with state.lock:  # an upload round may have committed since: then not spared
                 listing = judged[pid]
@@ -230,7 +236,7 @@ class RemoteHousekeeper:
             self._stats.census_spared_total += spared
         log.info("housekeeping census: listed %d object(s); %d of %d quiet partition(s) are "
                  "as their last full pass left them (%d were due a full pass)",
-                 census.objects, spared, len(judged), due)
+                 sum(c.objects for c in pieces.values()), spared, len(judged), due)
         return spared
 
     def spread_first_pass(self, state: PartitionState, now_ms: int) -> None:

@@ -3,7 +3,7 @@ housekeeping judged: pure, fed listed objects."""
 
 from __future__ import annotations
 
-from archiver.housekeeping_census import Census
+from archiver.housekeeping_census import Census, shards
 from manifests import keys
 from manifests.collect import listing_fingerprint, unjudged_keys
 from manifests.lease_objects import PartitionId
@@ -40,8 +40,8 @@ def judged(pid: PartitionId, listing: list[ObjectInfo], head_etag: str = "h1"
 
 
 def census_of(judgements: dict[PartitionId, tuple[str, bytes]], listing: list[ObjectInfo],
-              max_objects: int = 1000) -> Census:
-    census = Census(judgements, max_objects=max_objects)
+              max_foreign: int = 1000) -> Census:
+    census = Census(judgements, max_foreign=max_foreign)
     for i in sorted(listing, key=lambda i: i.key):
         if not census.feed(i):
             break
@@ -86,17 +86,34 @@ def test_a_partition_sharing_the_hash_prefix_is_told_apart_by_its_own_prefixes()
     assert census_of({A: judged(A, objects(A))}, objects(A) + neighbour).unchanged() == [A]
 
 
-def test_a_census_gives_up_past_its_object_limit() -> None:
-    listing = objects(A) + objects(B)
-    census = census_of({A: judged(A, objects(A)), B: judged(B, objects(B))}, listing,
-                       max_objects=len(listing) - 1)
+def test_a_census_gives_up_past_its_limit_of_other_partitions_objects() -> None:
+    """Its candidates' own objects cost a full pass as much; the others are what a census
+    costs beyond: past the limit it gives up."""
+    others = objects(B)
+    census = census_of({A: judged(A, objects(A))}, objects(A) + others,
+                       max_foreign=len(others))
+    assert not census.gave_up and census.unchanged() == [A]
+    assert census.foreign == len(others) and census.objects == len(objects(A)) + len(others)
+    census = census_of({A: judged(A, objects(A))}, objects(A) + others,
+                       max_foreign=len(others) - 1)
     assert census.gave_up and census.unchanged() == []
+
+
+def test_the_listing_is_cut_by_the_first_digit_of_the_hash_prefixes() -> None:
+    """Each piece is the census of the candidates under one first hex digit."""
+    pids = [PartitionId("orders", p, "r1") for p in range(40)]
+    pieces = shards({pid: judged(pid, objects(pid)) for pid in pids})
+    assert sorted(pieces) == sorted({keys.partition_prefix(*pid)[0] for pid in pids})
+    for digit, census in pieces.items():
+        assert all(keys.partition_prefix(*pid).startswith(digit) for pid in census.judged)
+        assert census.max_foreign == 3000 * len(census.judged)
+    assert sum(len(c.judged) for c in pieces.values()) == len(pids)
 
 
 def test_a_listing_out_of_key_order_spares_nothing() -> None:
     """The fingerprint is built as the listing goes, in key order: a store that lists out of
     order cannot match it, and its partitions keep their full passes."""
-    census = Census({A: judged(A, objects(A))}, max_objects=1000)
+    census = Census({A: judged(A, objects(A))}, max_foreign=1000)
     for i in reversed(objects(A)):
         census.feed(i)
     assert census.unchanged() == []

@@ -16,7 +16,7 @@ from support.archiving import Clock, Disk, write_partition
 from support.configs import config_over
 from support.counting import CountingStore as Requests
 
-from archiver import remote_housekeeping
+from archiver import housekeeping_census
 from archiver.lease_keeper import LeaseKeeper
 from archiver.service import Archiver
 from manifests import ManifestStore, keys
@@ -247,11 +247,17 @@ def test_an_idle_daemon_lists_the_bucket_once_a_grace_period_not_each_partition(
     for n in range(1, 4):
         clock.advance(grace_s)
         archiver.housekeeping()
-        assert store.take() == Counter({("list", "partition"): 1})  # the census, for all
+        # the census, for all: the listing of each first hex digit of their prefixes
+        assert store.take() == Counter({("list", "partition"): _census(archiver)})
         assert archiver.snapshot().census_spared_total == n * PARTITIONS
         clock.advance(grace_s / 2)
         archiver.housekeeping()
         assert store.take() == Counter()
+
+
+def _census(archiver: Archiver) -> int:
+    """The listings of one census: one per first hex digit of the partitions' prefixes."""
+    return len({keys.partition_prefix(*pid)[0] for pid in archiver.replicas()})
 
 
 def _pid(archiver: Archiver, partition: int) -> PartitionId:
@@ -279,12 +285,12 @@ def test_a_census_leaves_a_partition_another_writer_touched_to_its_full_pass(
     archiver.housekeeping()
     # the census, then the one partition's full pass: its listing, its head (read before
     # retention and again after the listing) and the deletion
-    assert store.take() == Counter({("list", "partition"): 2, ("get", "head"): 2,
-                                    ("delete", "segment"): 1})
+    assert store.take() == Counter({("list", "partition"): _census(archiver) + 1,
+                                    ("get", "head"): 2, ("delete", "segment"): 1})
     assert not store.inner.exists(orphan)
     clock.advance(grace_s)
     archiver.housekeeping()
-    assert store.take() == Counter({("list", "partition"): 1})
+    assert store.take() == Counter({("list", "partition"): _census(archiver)})
 
 
 def test_a_census_sends_a_partition_whose_head_changed_or_went_to_its_full_pass(
@@ -309,25 +315,33 @@ def test_a_census_sends_a_partition_whose_head_changed_or_went_to_its_full_pass(
     archiver.housekeeping()
     seen = store.take()
     # the census, three full passes, and the listing that proves the lost head's copy whole
-    assert seen[("list", "partition")] == 1 + 3 + 1
+    assert seen[("list", "partition")] == _census(archiver) + 3 + 1
     assert mstore.load(*_pid(archiver, 1))[1] is not None  # restored
     store.take()
     clock.advance(grace_s)
     archiver.housekeeping()
     # partitions 0 and 1 as their full pass left them now; partition 2 still lacks its
     # bundle, which no pass restores: it is as its full pass left it too
-    assert store.take() == Counter({("list", "partition"): 1})
+    assert store.take() == Counter({("list", "partition"): _census(archiver)})
 
 
 def test_a_census_gives_up_on_a_bucket_larger_than_the_passes_it_would_spare(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bucket shared by many sidecars: listing it costs more than the full passes it
-    would spare, so the census stops and the full passes run."""
+    would spare, so the census stops and the full passes run, for the partitions under the
+    piece of the listing that gave up."""
     _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
-    monkeypatch.setattr(remote_housekeeping, "OBJECTS_PER_SPARED_PASS", 1)
+    # one object of others per partition at most (a topic manifest is one)
+    monkeypatch.setattr(housekeeping_census, "OBJECTS_PER_SPARED_PASS", 1)
+    digit = keys.partition_prefix(*_pid(archiver, 0))[0]
+    under = [p for p in archiver.replicas() if keys.partition_prefix(*p)[0] == digit]
+    for n in range(PARTITIONS + 1):  # another sidecar's, under partition 0's first digit
+        store.inner.put(f"{digit}fffffff/another-sidecar/{n}", b"x")
+    store.take()
     clock.advance(grace_s)
     archiver.housekeeping()
-    assert per_partition(store.take())[("list", "partition")] == 1 + 1 / PARTITIONS
+    assert store.take()[("list", "partition")] == _census(archiver) + len(under)
+    assert archiver.snapshot().census_spared_total == PARTITIONS - len(under)
 
 
 def test_without_a_census_an_idle_partition_has_its_full_pass_each_grace_period(
@@ -353,16 +367,17 @@ def test_a_commit_racing_the_census_listing_is_seen_by_the_next_census(
 
     def list_then_commit(prefix: str = "") -> Iterator[ObjectInfo]:
         yield from listed(prefix)
-        if prefix == "":
+        if prefix == keys.partition_prefix(*pid)[0]:  # the census's piece holding it
             other.update(*pid, lambda m: m.evolve(gc_cutoff_ms=1))
 
     monkeypatch.setattr(store, "list", list_then_commit)
     clock.advance(grace_s)
     archiver.housekeeping()
     monkeypatch.setattr(store, "list", listed)
-    assert store.take() == Counter({("list", "partition"): 1})
+    assert store.take() == Counter({("list", "partition"): _census(archiver)})
     clock.advance(grace_s)
     archiver.housekeeping()
     seen = store.take()
-    assert seen[("list", "partition")] == 2 and seen[("get", "head")] == 2  # one full pass
+    # the census and one full pass
+    assert seen[("list", "partition")] == _census(archiver) + 1 and seen[("get", "head")] == 2
     assert archiver.mstore.load(*pid)[0].gc_cutoff_ms == 1

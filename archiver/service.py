@@ -385,27 +385,6 @@ class Archiver:
 
     # -- remote housekeeping and local retention (their own modules) ---------------------------
 
-    @property
-    def spread_first_full_pass(self) -> bool:
-        """Whether each partition's first full housekeeping pass falls at its own point of
-        the first grace period (`RemoteHousekeeper.spread_first_pass`): the daemon's."""
-        return self.housekeeper.spread_first_full_pass
-
-    @spread_first_full_pass.setter
-    def spread_first_full_pass(self, spread: bool) -> None:
-        self.housekeeper.spread_first_full_pass = spread
-
-    @property
-    def housekeeping_census(self) -> bool:
-        """Whether a housekeeping pass first lists the bucket once to spare the partitions
-        still as their last full pass left them (`archiver.housekeeping_census`): the
-        daemon's."""
-        return self.housekeeper.census
-
-    @housekeeping_census.setter
-    def housekeeping_census(self, census: bool) -> None:
-        self.housekeeper.census = census
-
     def housekeeping(self) -> PassReport:
         """Remote retention, replaced-segment and archived-manifest GC and orphan GC for every
         partition of a remote-write topic, `budget.concurrency` partitions at a time

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -116,6 +117,8 @@ class FakeArchiver:
         self.partitions = [("orders", 0), ("orders", 1)]
         self.closed = False
         self.fail_housekeeping: Exception | None = None
+        #: the flags a daemon sets on `Archiver.housekeeper`
+        self.housekeeper = SimpleNamespace(spread_first_full_pass=False, census=False)
 
     def _call(self, name: str) -> None:
         self.calls.append((name, self.time.now))
@@ -314,7 +317,7 @@ def test_daemon_schedules_upload_controller_retention_and_housekeeping(tmp_path:
     assert archiver.closed and store.closed
     # a daemon's housekeeping: first full passes spread over a grace period, then a census
     # of the bucket instead of a full pass per idle partition (docs/operations.md)
-    assert archiver.spread_first_full_pass and archiver.housekeeping_census
+    assert archiver.housekeeper.spread_first_full_pass and archiver.housekeeper.census
 
 
 def test_upload_rounds_repeat_at_once_while_there_is_progress(tmp_path: Path) -> None:

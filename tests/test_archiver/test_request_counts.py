@@ -23,6 +23,7 @@ from manifests import ManifestStore, keys
 from manifests.lease_objects import PartitionId
 from tiered.config import Config
 from tiered.store.base import ObjectInfo
+from tiered.store.errors import StoreError
 from tiered.store.file import FileStore
 
 PARTITIONS = 4
@@ -200,7 +201,7 @@ def test_a_restarted_daemon_spreads_the_first_full_passes_over_a_grace_period(
         again = Archiver(config, store, disk_usage=Disk(), clock=clock)
         member(config, store, again).tick()
         again.upload_round()
-        again.spread_first_full_pass = spread
+        again.housekeeper.spread_first_full_pass = spread
         store.take()
         return again
 
@@ -228,7 +229,7 @@ def _housekept_daemon(tmp_path: Path) -> tuple[Config, Requests, Archiver, Clock
     config, store = setup(tmp_path)
     clock = Clock(time.time())
     archiver = Archiver(config, store, disk_usage=Disk(), clock=clock)
-    archiver.housekeeping_census = True
+    archiver.housekeeper.census = True
     member(config, store, archiver).tick()
     assert archiver.run_once().ok
     grace_s = config.cluster_int("cloud_storage_gc_grace_period_ms") / 1000
@@ -348,7 +349,7 @@ def test_without_a_census_an_idle_partition_has_its_full_pass_each_grace_period(
         tmp_path: Path) -> None:
     """`archive --once` and a bare archiver take no census: the full pass, as before."""
     _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
-    archiver.housekeeping_census = False
+    archiver.housekeeper.census = False
     clock.advance(grace_s)
     archiver.housekeeping()
     assert per_partition(store.take())[("list", "partition")] == 1
@@ -381,3 +382,24 @@ def test_a_commit_racing_the_census_listing_is_seen_by_the_next_census(
     # the census and one full pass
     assert seen[("list", "partition")] == _census(archiver) + 1 and seen[("get", "head")] == 2
     assert archiver.mstore.load(*pid)[0].gc_cutoff_ms == 1
+
+
+def test_a_census_whose_listing_fails_spares_nothing_and_the_full_passes_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store fault in the middle of the census: the partitions of that piece have their
+    full pass, as without a census; the housekeeping pass itself goes on."""
+    _, store, archiver, clock, grace_s = _housekept_daemon(tmp_path)
+    listed = store.list
+
+    def failing(prefix: str = "") -> Iterator[ObjectInfo]:
+        if len(prefix) == 1:  # a census piece
+            yield from list(listed(prefix))[:1]
+            raise StoreError(f"list {prefix}: connection reset")
+        yield from listed(prefix)
+
+    monkeypatch.setattr(store, "list", failing)
+    clock.advance(grace_s)
+    report = archiver.housekeeping()
+    assert report.ok, report.errors
+    assert archiver.snapshot().census_spared_total == 0
+    assert per_partition(store.take())[("get", "head")] == 2  # every full pass

@@ -452,9 +452,9 @@ class Daemon:
             archiver = self._new_archiver(self.config, store)
             archiver.stopping = self._stop.is_set  # passes end with the partitions in flight
             # no restart storm of full housekeeping passes at thousands of partitions
-            archiver.spread_first_full_pass = True
+            archiver.housekeeper.spread_first_full_pass = True
             # and no full pass per idle partition each grace period: one listing of the bucket
-            archiver.housekeeping_census = True
+            archiver.housekeeper.census = True
             try:
                 from tiered.app.cluster import leases_for
 

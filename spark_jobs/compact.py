@@ -59,6 +59,7 @@ from spark_jobs.compact_plan import (
     group_outputs,
     plan_compaction,
 )
+from spark_jobs.executor_spill import new_job_tag
 from spark_jobs.job_context import JobContext, PartitionRef, Progress, job_error, slices_for
 from spark_jobs.merge import PartitionState, _delete_unreferenced, _Planned, commit_partition
 from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, fresh_generation
@@ -225,7 +226,7 @@ def _clean_partition(
     settings: Any, now_ms: int, retention: dict[int, int | None], acc: Accumulator[int],
     items: Iterable[tuple[tuple[int, int], Iterable[tuple[str, Any]]]],
 ) -> Iterator[tuple[tuple[int, int], CleanOut]]:
-    store = _executor_store(settings)
+    store = partial(_executor_store, settings)  # built only if a segment was not spilled here
     for key, values in items:
         task: SegTask | None = None
         latest: list[bytes] = []
@@ -324,10 +325,11 @@ def _compact(
 
     sc = ctx.sc
     settings = ctx.settings
+    tag = new_job_tag()
     for job in due:
         n = key_buckets(job.plan.cleanable_bytes if job.plan else 0, len(job.tasks),
                         sc.defaultParallelism)
-        job.tasks = [t._replace(buckets=n) for t in job.tasks]
+        job.tasks = [t._replace(buckets=n, job=tag) for t in job.tasks]
     tasks = [t for j in due for t in j.tasks]
     by_pidx = {j.pidx: j for j in due}
     bounds = sc.broadcast({j.pidx: j.bounds for j in due})
@@ -354,7 +356,10 @@ def _compact(
         finally:
             events.unpersist()
     try:
-        outs = cleaned.mapValues(lambda c: c._replace(data=b"", empty=b"")).collect()
+        # counts only: the verdicts a cleaned segment carries are per-key state, which the
+        # driver never holds
+        outs = cleaned.mapValues(lambda c: c._replace(data=b"", empty=b"", latest=b"",
+                                                      flags=())).collect()
         for _key, c in outs:
             job = by_pidx[c.task.pidx]
             if c.error is not None:
@@ -433,8 +438,10 @@ def _clean(
         joined = joined.union(rdd)
     cleaned = (joined.groupByKey(parts)
                .mapPartitions(partial(_clean_partition, settings, now_ms, retention, acc)))
-    # on disk only: with few records superseded the cleaned bytes are nearly the input, and
-    # held in the block manager's memory they ran a 1 GiB JVM out of heap (docs/compaction.md)
+    # on disk only: the verdicts each cleaned segment carries are 8 bytes per key it keeps,
+    # and the cleaned bytes themselves when they could not be spilled: held in the block
+    # manager's memory, bytes nearly the input's ran a 1 GiB JVM out of heap
+    # (docs/compaction.md)
     cleaned.persist(StorageLevel.DISK_ONLY)
     cleaned.count()  # run stages 2 and 3 while the scan is still persisted
     if flags is not None:

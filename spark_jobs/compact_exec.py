@@ -7,7 +7,7 @@ on the executor (`spark_jobs.job_context.map_with_store`). The driver side is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import crc32c
@@ -17,6 +17,7 @@ from manifests import segment_indexes
 from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
 from spark_jobs.compact_columns import clean_segment, scan_keys
+from spark_jobs.executor_spill import spill, spill_path, unspill
 from spark_jobs.job_context import PartitionRef, job_error
 from spark_jobs.merge_exec import (
     RunResult,
@@ -53,12 +54,31 @@ class SegTask(NamedTuple):
     max_timestamp: int
     #: how many key buckets the partition's key map is cut into (`key_bucket`)
     buckets: int = 1
+    #: the run's spill tag (`executor_spill.new_job_tag`): the scan leaves the segment's
+    #: bytes on the executor's disk for the cleaning pass, which leaves the cleaned bytes
+    #: for the upload; "" spills nothing
+    job: str = ""
+
+    def spill_name(self, kind: str) -> str:
+        return f"{self.job}-{self.pidx}-{self.row}.{kind}"
 
 
 def _fetch(store: ObjectStore, task: SegTask) -> bytes:
     """The segment's bytes, checked against the manifest's size and CRC-32C (`_batches`
     checks its batches)."""
     return fetch_source(store, task.source)
+
+
+def _source_bytes(store: Callable[[], ObjectStore], task: SegTask) -> bytes:
+    """The segment's bytes as the scan left them on this machine's disk, or from the bucket
+    (checked against the manifest either way). `store` is called only for the latter: a
+    worker that finds every segment spilled never builds a client."""
+    src = task.source
+    if task.job:
+        spilled = unspill(spill_path(task.spill_name("raw")), src.size_bytes, src.checksum)
+        if spilled is not None:
+            return spilled
+    return _fetch(store(), task)
 
 
 def _batches(task: SegTask, data: bytes) -> list[BatchHeader]:
@@ -89,6 +109,8 @@ def scan_task(store: ObjectStore, task: SegTask) -> Iterator[tuple[Any, ...]]:
     except TieredError as exc:
         yield (SCANNED, task.pidx, task.row, 0, job_error(exc), 0, 0)
         return
+    if task.job:  # for the cleaning pass, should it run on this machine (else it reads again)
+        spill(task.spill_name("raw"), data)
     n = task.buckets
     if n == 1:
         if len(keys.offsets):
@@ -147,8 +169,10 @@ def latest_offsets(parts: Iterable[bytes]) -> np.ndarray:
 
 
 class CleanOut(NamedTuple):
-    """Stage 3's result for one segment: the cleaned bytes and the counts (`data` is dropped
-    before the counts go to the driver)."""
+    """Stage 3's result for one segment: the counts, and the cleaned bytes, or where they were
+    spilled on the executor that cleaned it (`data` is dropped before the counts go to the
+    driver). With the verdicts it was cleaned by, so an upload that runs elsewhere cleans it
+    again from the bucket (`cleaned_bytes`)."""
 
     task: SegTask
     data: bytes
@@ -159,10 +183,19 @@ class CleanOut(NamedTuple):
     error: str | None = None
     #: `SegmentCleaning.live_markers`: whose aborted transactions keep their index entries
     live_markers: tuple[int, ...] = ()
+    #: the cleaned bytes' spill file and CRC-32C (`data` is then empty)
+    spilled: str | None = None
+    crc: int = 0
+    #: the verdicts it was cleaned with (the sorted latest offsets as int64 bytes, the batch
+    #: flags), the job's clock and the topic's delete.retention.ms: what cleaning it again takes
+    latest: bytes = b""
+    flags: tuple[tuple[int, int], ...] = ()
+    now_ms: int = 0
+    delete_retention_ms: int | None = None
 
 
 def clean_task(
-    store: ObjectStore,
+    store: Callable[[], ObjectStore],
     task: SegTask,
     latest: np.ndarray,
     flags: Iterable[tuple[int, int]],
@@ -170,15 +203,14 @@ def clean_task(
     now_ms: int,
     delete_retention_ms: int | None,
 ) -> CleanOut:
-    """Stage 3: read the segment again and clean it with the partition-wide verdicts for its
-    records (`latest`: sorted offsets that are the latest of their key) and batches
-    (`flags`)."""
+    """Stage 3: clean the segment (the scan's spill of it, or a second read) with the
+    partition-wide verdicts for its records (`latest`: sorted offsets that are the latest of
+    their key) and batches (`flags`); the cleaned bytes are spilled when the run spills.
+    `store` gives the bucket's client, when the segment must be read from it."""
+    flags = tuple(flags)
     try:
-        data = _fetch(store, task)
-        res: SegmentCleaning = clean_segment(
-            data, latest=latest, flags=dict(flags), now_ms=now_ms,
-            delete_retention_ms=delete_retention_ms, path=task.source.key,
-            batches=_batches(task, data))
+        res = _clean(_source_bytes(store, task), task, latest, flags, now_ms,
+                     delete_retention_ms)
     except TieredError as exc:
         return CleanOut(task, b"", b"", {}, False, job_error(exc))
     stats = {
@@ -192,8 +224,40 @@ def clean_task(
         "horizons_set": res.horizons_set,
     }
     empty = empty_batch(res.last_header) if res.last_header is not None else b""
-    return CleanOut(task, res.data, empty, stats, res.changed,
-                    live_markers=tuple(res.live_markers))
+    out = CleanOut(task, res.data, empty, stats, res.changed,
+                   live_markers=tuple(res.live_markers), crc=crc32c.crc32c(res.data),
+                   latest=latest.astype(np.int64).tobytes(), flags=flags, now_ms=now_ms,
+                   delete_retention_ms=delete_retention_ms)
+    if task.job and res.data:
+        path = spill(task.spill_name("clean"), res.data)
+        if path is not None:
+            out = out._replace(data=b"", spilled=path)
+    return out
+
+
+def _clean(data: bytes, task: SegTask, latest: np.ndarray, flags: Iterable[tuple[int, int]],
+           now_ms: int, delete_retention_ms: int | None) -> SegmentCleaning:
+    return clean_segment(data, latest=latest, flags=dict(flags), now_ms=now_ms,
+                         delete_retention_ms=delete_retention_ms, path=task.source.key,
+                         batches=_batches(task, data))
+
+
+def cleaned_bytes(store: ObjectStore, c: CleanOut) -> bytes:
+    """A cleaned segment's bytes: carried, spilled on this machine, or cleaned again from the
+    bucket with the same verdicts (which must give the same bytes: `CorruptSegmentError`
+    if not, e.g. the object changed under its name)."""
+    if c.spilled is None:
+        return c.data
+    size = c.stats["bytes_out"]
+    data = unspill(c.spilled, size, c.crc)
+    if data is not None:
+        return data
+    again = _clean(_fetch(store, c.task), c.task, np.frombuffer(c.latest, np.int64), c.flags,
+                   c.now_ms, c.delete_retention_ms).data
+    if len(again) != size or crc32c.crc32c(again) != c.crc:
+        raise CorruptSegmentError("cleaned again for the upload, it does not give the bytes "
+                                  "the cleaning pass counted", path=c.task.source.key)
+    return again
 
 
 class GroupTask(NamedTuple):
@@ -212,7 +276,7 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
     outs = sorted(members, key=lambda c: c.task.row)
     uploaded: list[str] = []
     try:
-        data = b"".join(c.data for c in outs)
+        data = b"".join(cleaned_bytes(store, c) for c in outs)
         if not data:  # every record of the range went: one empty batch keeps its last offset
             data = outs[-1].empty
         headers = list(iter_batch_headers(data))  # every batch's CRC checked, once
@@ -223,7 +287,9 @@ def upload_group(store: ObjectStore, task: GroupTask, members: Iterable[CleanOut
         uploaded_at_ms = store_time_ms(store.head(key).last_modified)
         sent = len(data)
         extra = {"index": index, "timeindex": timeindex}
-        txn = _txn_index(store, run, {m for c in outs for m in c.live_markers})
+        live = {m for c in outs for m in c.live_markers}
+        # no marker kept alive: no source entry survives (`live_txn_entries`), none is read
+        txn = _txn_index(store, run, live) if live else b""
         if txn:
             extra["txnindex"] = txn
         for index_key, size in segment_indexes.write_indexes(store, run.data_prefix, name,

@@ -28,6 +28,7 @@ The driver loads each partition's head manifest and decides whether it is due
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import pickle
 import threading
@@ -183,9 +184,14 @@ MAX_BUCKETS = 1 << 16
 
 def key_buckets(cleanable_bytes: int, segments: int, parallelism: int) -> int:
     """How many buckets a partition's key map is reduced in: one per `BUCKET_INPUT_BYTES` of
-    input, and at least one per core while there are segments enough to feed them."""
+    input, and at least one per core while there are segments enough to feed them; beyond
+    that a multiple of the cores, so that the last round of the key map keeps them all busy
+    (`_route` spreads a partition's buckets over the shuffle's partitions in turn)."""
     by_bytes = -(-cleanable_bytes // BUCKET_INPUT_BYTES)
-    return max(1, min(MAX_BUCKETS, max(by_bytes, min(parallelism, segments))))
+    n = max(1, by_bytes, min(parallelism, segments))
+    if n > parallelism > 0:
+        n = -(-n // parallelism) * parallelism
+    return min(MAX_BUCKETS, n)
 
 
 def _segment_of(bounds: dict[int, list[int]], pidx: int, offset: int) -> int:
@@ -220,6 +226,81 @@ def _scan_partition(settings: Any, acc: Accumulator[int], items: Iterable[SegTas
             if ev[0] == SCANNED:
                 acc.add(ev[3])
             yield ev
+
+
+#: the scan's shuffle keys are `(kind, pidx, x)`, kinds as ints (a string in a shuffle key
+#: would need every worker's hash seed pinned): a segment's `SCANNED` row (x: its row), a
+#: bucket of the key map (x: the bucket), a producer's batches (x: the producer id), the
+#: keys of one transactional batch (x: its last offset)
+_SCANNED, _KEYS, _PRODUCER, _TXN_KEYS = 0, 1, 2, 3
+#: the shuffle partition the `SCANNED` rows, and only they, go to: what the driver reads of
+#: the scan before planning the rest is that one small partition
+SIDE = 0
+
+
+def _scan_pairs(settings: Any, acc: Accumulator[int], items: Iterable[SegTask]
+                ) -> Iterator[tuple[tuple[int, int, int], Any]]:
+    """Stage 1 as shuffle pairs: `scan_task`'s events keyed for the key map, so the scan
+    writes the shuffle itself rather than its events being kept and read again."""
+    for ev in _scan_partition(settings, acc, items):
+        tag = ev[0]
+        if tag == KEY:
+            yield (_KEYS, ev[1], ev[2]), ev[3:]
+        elif tag == PRODUCER:
+            yield (_PRODUCER, ev[1], ev[2]), ev[3]
+        elif tag == TXN_KEY:
+            yield (_TXN_KEYS, ev[1], ev[2]), ev[3:]
+        else:
+            yield (_SCANNED, ev[1], ev[2]), ev
+
+
+def _as_event(pair: tuple[tuple[int, int, int], Any]) -> tuple[Any, ...]:
+    """A shuffle pair back as the scan's event tuple."""
+    (kind, pidx, x), value = pair
+    if kind == _KEYS:
+        return (KEY, pidx, x, *value)
+    if kind == _PRODUCER:
+        return (PRODUCER, pidx, x, value)
+    if kind == _TXN_KEYS:
+        return (TXN_KEY, pidx, x, *value)
+    return tuple(value)
+
+
+def _route(parts: int) -> Callable[[tuple[int, int, int]], int]:
+    """The scan shuffle's partitioner: `SCANNED` rows to `SIDE`, the rest spread over the
+    `parts` partitions after it; a partition's key buckets in turn, so that they share the
+    work evenly (the buckets dominate it)."""
+    from pyspark.rdd import portable_hash
+
+    def route(key: tuple[int, int, int]) -> int:
+        kind = key[0]
+        if kind == _SCANNED:
+            return SIDE
+        if kind == _KEYS:
+            return 1 + (key[1] + key[2]) % parts
+        return 1 + portable_hash(key) % parts
+
+    return route
+
+
+def _key_map(bounds: Any, bad: frozenset[int],
+             pairs: Iterable[tuple[tuple[int, int, int], Any]]
+             ) -> Iterator[tuple[tuple[int, int], tuple[str, Any]]]:
+    """Stage 2 for a job without transactional keys, on one partition of the scan's shuffle
+    (sorted by key, so each key's values arrive together and one is held at a time): every
+    key bucket's latest offsets (`reduce_bucket`) and every producer's batch verdicts
+    (`transaction_flags`), each sent to the segment it belongs to."""
+    for key, group in itertools.groupby(pairs, key=lambda kv: kv[0]):
+        kind, pidx = key[0], key[1]
+        if pidx in bad:
+            continue
+        if kind == _KEYS:
+            rows = (("k", *value) for _k, value in group)
+            for seg, winners in reduce_bucket(pidx, bounds.value[pidx], rows):
+                yield seg, ("l", winners)
+        elif kind == _PRODUCER:
+            for (p, offset), flag in _txn_verdicts((pidx, key[2]), (v for _k, v in group)):
+                yield (p, _segment_of(bounds.value, p, offset)), ("f", (offset, flag))
 
 
 def _clean_partition(
@@ -321,7 +402,6 @@ def _compact(
 ) -> tuple[int, int]:
     """Stages 1 to 5 over the due partitions; returns (bytes read, unreferenced objects
     deleted)."""
-    from pyspark import StorageLevel
 
     sc = ctx.sc
     settings = ctx.settings
@@ -340,21 +420,21 @@ def _compact(
     acc: Accumulator[int] = sc.accumulator(0)  # bytes read, both passes over the segments
     # several stages: the task count is not known up front, the bytes are
     with Progress(sc, "compact", group=group, total_tasks=0, bytes_done=lambda: int(acc.value)):
-        events = sc.parallelize(tasks, slices).mapPartitions(
-            partial(_scan_partition, settings, acc)).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            scanned = events.filter(lambda e: e[0] == SCANNED).collect()
-            bytes_read = sum(e[3] for e in scanned)
-            for _tag, pidx, index, _n, error, _p, _t in scanned:
-                if error is not None:
-                    by_pidx[pidx].errors.append(f"{by_pidx[pidx].part}: segment {index}: {error}")
-            bad = {p for p, j in by_pidx.items() if j.errors}
-            counts = _Counts(sum(e[5] for e in scanned if e[1] not in bad),
-                             sum(e[6] for e in scanned if e[1] not in bad))
-            cleaned = _clean(events, tasks, bad, bounds, retention, settings, now_ms,
-                             shuffle_parts, acc, counts)
-        finally:
-            events.unpersist()
+        shuffled = (sc.parallelize(tasks, slices)
+                    .mapPartitions(partial(_scan_pairs, settings, acc))
+                    .repartitionAndSortWithinPartitions(shuffle_parts + 1,
+                                                        _route(shuffle_parts)))
+        # runs the scan, writing the whole shuffle; the key map later reads the rest of it
+        scanned = [v for _k, v in sc.runJob(shuffled, list, [SIDE])]
+        bytes_read = sum(e[3] for e in scanned)
+        for _tag, pidx, index, _n, error, _p, _t in scanned:
+            if error is not None:
+                by_pidx[pidx].errors.append(f"{by_pidx[pidx].part}: segment {index}: {error}")
+        bad = frozenset(p for p, j in by_pidx.items() if j.errors)
+        counts = _Counts(sum(e[5] for e in scanned if e[1] not in bad),
+                         sum(e[6] for e in scanned if e[1] not in bad))
+        cleaned = _clean(shuffled, tasks, bad, bounds, retention, settings, now_ms,
+                         shuffle_parts, acc, counts)
     try:
         # counts only: the verdicts a cleaned segment carries are per-key state, which the
         # driver never holds
@@ -392,61 +472,74 @@ class _Counts:
 
 
 def _clean(
-    events: RDD[Any], tasks: list[SegTask], bad: set[int], bounds: Any,
+    shuffled: RDD[Any], tasks: list[SegTask], bad: frozenset[int], bounds: Any,
     retention: dict[int, int | None], settings: Any, now_ms: int, parts: int,
     acc: Accumulator[int], counts: _Counts,
 ) -> RDD[Any]:
-    """Stages 2 and 3: the key map by one shuffle of packed key buckets, the transaction
-    verdicts (only when some batch has a producer id), then every segment cleaned with what
-    one more shuffle brings it; the result (per (pidx, row): `CleanOut`) is persisted for
-    grouping."""
+    """Stages 2 and 3: the key map and the batch verdicts from the scan's shuffle, then every
+    segment cleaned with what one more shuffle brings it; the result (per (pidx, row):
+    `CleanOut`) is persisted for grouping."""
     from pyspark import StorageLevel
 
-    live = events.filter(lambda e: e[1] not in bad)
-    buckets = {t.pidx: t.buckets for t in tasks}
-    b = bounds
-    flags = None
-    to_clean: list[RDD[Any]] = []
-    key_rows: RDD[Any] = (live.filter(lambda e: e[0] == KEY)
-                .map(lambda e: ((e[1], e[2]), ("k", e[3], e[4], e[5]))))
-    if counts.producer_batches:
-        flags = (live.filter(lambda e: e[0] == PRODUCER)
-                 .map(lambda e: ((e[1], e[2]), e[3]))
-                 .groupByKey(parts)
-                 .flatMap(lambda kv: _txn_verdicts(kv[0], kv[1])))
-        flags.persist(StorageLevel.MEMORY_AND_DISK)
-        to_clean.append(flags.map(
-            lambda kv: ((kv[0][0], _segment_of(b.value, kv[0][0], kv[0][1])),
-                        ("f", (kv[0][1], kv[1])))))
-        if counts.txn_keys:
-            excluded = flags.filter(lambda kv: bool(kv[1] & (ABORTED | IN_DOUBT)))
-            txn_keys = (live.filter(lambda e: e[0] == TXN_KEY)
-                        .map(lambda e: ((e[1], e[2]), (e[3], e[4])))
-                        .leftOuterJoin(excluded, parts)
-                        .filter(lambda kv: kv[1][1] is None)
-                        .map(lambda kv: ((kv[0][0], key_bucket(kv[1][0][0], buckets[kv[0][0]])),
-                                         ("t", kv[1][0][0], kv[1][0][1]))))
-            key_rows = key_rows.union(txn_keys)
-    latest = (key_rows.groupByKey(parts)
-              .flatMap(lambda kv: reduce_bucket(kv[0][0], b.value[kv[0][0]], kv[1]))
-              .map(lambda kv: (kv[0], ("l", kv[1]))))
-    segs = events.context.parallelize(
+    kept: list[RDD[Any]] = []
+    if counts.txn_keys:
+        verdicts = _verdicts_with_transactions(shuffled, tasks, bad, bounds, parts, kept)
+    else:
+        verdicts = shuffled.mapPartitions(partial(_key_map, bounds, bad))
+    segs = shuffled.context.parallelize(
         [((t.pidx, t.row), ("s", t)) for t in tasks if t.pidx not in bad],
         max(1, min(len(tasks), parts)))
-    joined: RDD[Any] = segs.union(latest)
-    for rdd in to_clean:
-        joined = joined.union(rdd)
-    cleaned = (joined.groupByKey(parts)
+    cleaned = (segs.union(verdicts).groupByKey(parts)
                .mapPartitions(partial(_clean_partition, settings, now_ms, retention, acc)))
     # on disk only: the verdicts each cleaned segment carries are 8 bytes per key it keeps,
     # and the cleaned bytes themselves when they could not be spilled: held in the block
     # manager's memory, bytes nearly the input's ran a 1 GiB JVM out of heap
     # (docs/compaction.md)
     cleaned.persist(StorageLevel.DISK_ONLY)
-    cleaned.count()  # run stages 2 and 3 while the scan is still persisted
-    if flags is not None:
-        flags.unpersist()
+    cleaned.count()  # run stages 2 and 3 while what they read is still kept
+    for rdd in kept:
+        rdd.unpersist()
     return cleaned
+
+
+def _verdicts_with_transactions(
+    shuffled: RDD[Any], tasks: list[SegTask], bad: frozenset[int], bounds: Any, parts: int,
+    kept: list[RDD[Any]],
+) -> RDD[Any]:
+    """Stage 2 when some batch is transactional: its keys count only once its transaction is
+    known to have committed, so the verdicts come first (a `groupByKey` over (partition,
+    producer id)), the records of aborted or undecided transactions are kept out of the key
+    map by a join on their batch, and the key map is reduced after. The RDDs read more than
+    once are persisted and added to `kept`."""
+    from pyspark import StorageLevel
+
+    events = shuffled.map(_as_event).filter(lambda e: e[0] != SCANNED and e[1] not in bad)
+    events.persist(StorageLevel.MEMORY_AND_DISK)
+    kept.append(events)
+    buckets = {t.pidx: t.buckets for t in tasks}
+    b = bounds
+    flags = (events.filter(lambda e: e[0] == PRODUCER)
+             .map(lambda e: ((e[1], e[2]), e[3]))
+             .groupByKey(parts)
+             .flatMap(lambda kv: _txn_verdicts(kv[0], kv[1])))
+    flags.persist(StorageLevel.MEMORY_AND_DISK)
+    kept.append(flags)
+    to_segments = flags.map(
+        lambda kv: ((kv[0][0], _segment_of(b.value, kv[0][0], kv[0][1])),
+                    ("f", (kv[0][1], kv[1]))))
+    excluded = flags.filter(lambda kv: bool(kv[1] & (ABORTED | IN_DOUBT)))
+    txn_keys = (events.filter(lambda e: e[0] == TXN_KEY)
+                .map(lambda e: ((e[1], e[2]), (e[3], e[4])))
+                .leftOuterJoin(excluded, parts)
+                .filter(lambda kv: kv[1][1] is None)
+                .map(lambda kv: ((kv[0][0], key_bucket(kv[1][0][0], buckets[kv[0][0]])),
+                                 ("t", kv[1][0][0], kv[1][0][1]))))
+    key_rows: RDD[Any] = (events.filter(lambda e: e[0] == KEY)
+                          .map(lambda e: ((e[1], e[2]), ("k", e[3], e[4], e[5]))))
+    latest = (key_rows.union(txn_keys).groupByKey(parts)
+              .flatMap(lambda kv: reduce_bucket(kv[0][0], b.value[kv[0][0]], kv[1]))
+              .map(lambda kv: (kv[0], ("l", kv[1]))))
+    return latest.union(to_segments)
 
 
 @dataclass

@@ -8,11 +8,20 @@ version from package metadata, which scans every zip on `sys.path`, PySpark's in
 job forks a new worker whenever every worker is busy. Imported here, once, they are in every
 worker the daemon forks. Nothing here starts a thread or opens a connection before the fork:
 stores are still built in each worker (`spark_jobs.compact._executor_store`).
+
+A worker also calls `importlib.invalidate_caches()` before every task, and since Python 3.10
+that makes each zip importer read its archive's whole directory again: PySpark's own
+`pyspark.zip` and py4j's, on `sys.path` from the launcher, about 80 ms a task, a second or
+more of a job's CPU. Those archives are part of the Spark installation and do not change while
+the daemon lives, so their importers are replaced here by ones that keep what they read
+(`_keep_zip_directories`); an archive a job adds later (`--py-files`) is not one of them.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import zipimport
 
 # numpy's BLAS would start a pool of threads on import; the jobs do no linear algebra
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -27,5 +36,28 @@ import spark_jobs.recover  # noqa: E402,F401
 import spark_jobs.scrub  # noqa: E402,F401
 import tiered.store.s3  # noqa: E402,F401
 
+
+class _KeptZipImporter(zipimport.zipimporter):
+    """A zip importer that does not read its archive again on `invalidate_caches`."""
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _keep_zip_directories() -> int:
+    """Swap the zip importers of the archives imported from so far for `_KeptZipImporter`s
+    (each reads its directory once, here); returns how many."""
+    swapped = 0
+    for path, finder in list(sys.path_importer_cache.items()):
+        if type(finder) is zipimport.zipimporter:
+            try:
+                sys.path_importer_cache[path] = _KeptZipImporter(path)
+            except zipimport.ZipImportError:
+                continue
+            swapped += 1
+    return swapped
+
+
 if __name__ == "__main__":
+    _keep_zip_directories()
     daemon.manager()

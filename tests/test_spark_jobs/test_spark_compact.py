@@ -254,6 +254,31 @@ def test_transactions_follow_kafka(file_store: ObjectStore, spark: Any, kind: st
     assert any(b.is_control_batch for b in parsed), "the marker stays this pass"
 
 
+def test_an_idempotent_producers_last_batch_stays_emptied(file_store: ObjectStore,
+                                                           spark: Any) -> None:
+    """Batches with a producer id but no transaction: the verdicts come from the same shuffle
+    as the key map. A producer's last batch keeps its header when every record of it goes
+    (its sequence number survives, as in Kafka); its earlier batches go whole."""
+    ctx = context(file_store)
+    batches = [
+        encode_batch([Record(0, T0, b"a", b"1")], base_offset=0, producer_id=7,
+                     producer_epoch=0, base_sequence=0),
+        encode_batch([Record(1, T0, b"a", b"2")], base_offset=1, producer_id=7,
+                     producer_epoch=0, base_sequence=1),
+        encode_batch([Record(2, T0, b"a", b"3"), Record(3, T0, b"b", b"x")], base_offset=2),
+    ]
+    save_topic_manifest(ctx.store, TopicManifest(TOPIC, REVISION, 1, cleanup_policy="compact",
+                                                 segment_bytes=4096))
+    upload_segments(ctx.manifests, 0, [b"".join(batches[:2]), batches[2]])
+    summary = run_compact(ctx, clock=lambda: NOW / 1000)
+    assert summary["ok"], summary["errors"]
+    got, parsed = records_in_bucket(ctx)
+    assert got == [(2, b"a", b"3"), (3, b"b", b"x")]
+    # no record of offset 1 is left: its batch is there, emptied
+    assert [(b.base_offset, b.producer_id) for b in parsed] == [(1, 7), (2, -1)], \
+        "the producer's last batch stays, emptied; its first goes"
+
+
 def test_cli_json_progress_and_metrics_file(file_store: ObjectStore, spark: Any,
                                             tmp_path: Path) -> None:
     """`tiered compact --json`: the summary on stdout, progress on stderr, the run's gauges in

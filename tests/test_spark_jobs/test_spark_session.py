@@ -40,6 +40,26 @@ def test_workers_are_forked_from_a_daemon_that_imported_the_jobs(spark: Any) -> 
     assert all(loaded for _, loaded in seen)
 
 
+def test_a_task_does_not_read_sparks_zip_archives_again(spark: Any) -> None:
+    """Each task starts with `importlib.invalidate_caches()`; the importers of the archives
+    the daemon imported from (pyspark.zip, py4j's) keep the directory they read, and imports
+    from them still work."""
+
+    def importers(_: int) -> list[tuple[str, str]]:
+        import importlib
+        import sys
+        import zipimport
+
+        importlib.invalidate_caches()
+        importlib.import_module("pyspark.statcounter")  # a module no job imports
+        return [(path, type(f).__name__) for path, f in sys.path_importer_cache.items()
+                if isinstance(f, zipimport.zipimporter)]
+
+    seen = spark.sparkContext.parallelize(range(2), 2).flatMap(importers).collect()
+    zips = {name for path, name in seen if path.endswith("pyspark.zip")}
+    assert zips == {"_KeptZipImporter"}
+
+
 def test_missing_pyspark_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyspark", None)  # makes `import pyspark` fail
     with pytest.raises(SparkUnavailable, match=r"pip install 'tiered\[spark\]'"):

@@ -1,0 +1,105 @@
+"""Bytes handed between a job's stages on the executor's disk (`spark_jobs.executor_spill`),
+and what compaction does when the cleaned bytes are not on the machine that uploads them:
+it cleans the segment again from the bucket, and refuses bytes that differ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+
+from spark_jobs import executor_spill
+from spark_jobs.compact_exec import SegTask, clean_task, cleaned_bytes
+from spark_jobs.job_context import PartitionRef
+from spark_jobs.merge_exec import SourceSegment
+from tiered.errors import CorruptSegmentError
+from tiered.kafka.builder import encode_batch
+from tiered.kafka.records import Record
+from tiered.store.base import ObjectStore
+
+NOW = 1_700_000_000_000
+
+
+@pytest.fixture
+def spill_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for a Spark worker's files directory."""
+    root = tmp_path / "worker" / executor_spill.SPILL_DIR
+    monkeypatch.setattr(executor_spill, "_root", lambda: root)
+    return root
+
+
+def test_outside_a_spark_worker_nothing_spills() -> None:
+    assert executor_spill.spill("x.raw", b"data") is None
+    assert executor_spill.spill_path("x.raw") is None
+
+
+def test_a_spill_reads_back_once_and_only_whole(spill_root: Path) -> None:
+    data = b"segment bytes" * 100
+    path = executor_spill.spill("job-0-1.raw", data)
+    assert path is not None and Path(path).parent == spill_root
+    assert executor_spill.unspill(path, len(data), crc32c.crc32c(data), keep=True) == data
+    assert executor_spill.unspill(path, len(data), crc32c.crc32c(data)) == data
+    assert not Path(path).exists(), "read once, then removed"
+    assert executor_spill.unspill(path, len(data), crc32c.crc32c(data)) is None
+
+
+@pytest.mark.parametrize("damage", ["torn", "garbled", "longer"])
+def test_a_spill_that_is_not_the_bytes_it_was_told_of_reads_as_none(
+        spill_root: Path, damage: str) -> None:
+    data = bytes(range(256)) * 64
+    path = executor_spill.spill("job-0-2.clean", data)
+    assert path is not None
+    bad = {"torn": data[:-10], "garbled": b"\xff" + data[1:], "longer": data + b"!"}[damage]
+    Path(path).write_bytes(bad)
+    assert executor_spill.unspill(path, len(data), crc32c.crc32c(data)) is None
+
+
+def _segment(store: ObjectStore) -> SegTask:
+    """Two batches of a compacted topic's segment in the bucket: key a twice, key b once."""
+    data = (encode_batch([Record(0, NOW, b"a", b"old"), Record(1, NOW, b"b", b"x")],
+                         base_offset=0)
+            + encode_batch([Record(2, NOW, b"a", b"new")], base_offset=2))
+    key = "t/0/00000000000000000000-1-v1.log"
+    store.put(key, data)
+    src = SourceSegment(key, "00000000000000000000-1-v1.log", 0, 2, len(data),
+                        crc32c.crc32c(data))
+    return SegTask(0, PartitionRef("t", 0, "1"), 0, src, 1, False, NOW, NOW, job="job")
+
+
+def test_cleaned_bytes_spilled_elsewhere_are_cleaned_again_from_the_bucket(
+        file_store: ObjectStore, spill_root: Path) -> None:
+    task = _segment(file_store)
+    latest = np.array([1, 2], np.int64)  # b at 1, a at 2: the record at 0 goes
+    out = clean_task(lambda: file_store, task, latest, (), now_ms=NOW,
+                     delete_retention_ms=None)
+    assert out.error is None and out.changed
+    assert out.data == b"" and out.spilled is not None, "the cleaned bytes were spilled"
+    here = cleaned_bytes(file_store, out._replace())  # read back from the spill (and removed)
+    assert out.stats["bytes_out"] == len(here) and crc32c.crc32c(here) == out.crc
+    # on another machine the spill is not there: the upload cleans the segment again
+    assert not Path(out.spilled).exists()
+    assert cleaned_bytes(file_store, out) == here
+    # verdicts that do not give the counted bytes (the object changed under its name) refuse
+    wrong = out._replace(latest=np.array([2], np.int64).tobytes())
+    with pytest.raises(CorruptSegmentError, match="cleaned again"):
+        cleaned_bytes(file_store, wrong)
+
+
+def test_the_cleaning_pass_reads_the_scans_spill_and_builds_no_client(
+        file_store: ObjectStore, spill_root: Path) -> None:
+    task = _segment(file_store)
+    raw = file_store.get(task.source.key)
+    assert executor_spill.spill(task.spill_name("raw"), raw) is not None
+
+    def no_store() -> ObjectStore:
+        raise AssertionError("the segment was spilled on this machine: no client is built")
+
+    out = clean_task(no_store, task, np.array([1, 2], np.int64), (), now_ms=NOW,
+                     delete_retention_ms=None)
+    assert out.error is None and out.stats["records_kept"] == 2
+    # the spill was read once and removed: a second cleaning (a lost block) reads the bucket
+    again = clean_task(lambda: file_store, task, np.array([1, 2], np.int64), (), now_ms=NOW,
+                       delete_retention_ms=None)
+    assert again.crc == out.crc

@@ -126,6 +126,63 @@ def record_at(offset: int, key_count: int, tombstones: float) -> Record:
 # -- the child: the driver being measured ----------------------------------------------------------
 
 
+class ExecutorMemory:
+    """Peak RSS of the executors while the job runs, sampled from /proc every `every_s`: the
+    JVM (in `local[...]` the driver's, which is also the executor) and the largest Python
+    worker, the processes below this one."""
+
+    def __init__(self, every_s: float = 0.2) -> None:
+        self.every_s = every_s
+        self.peak_kib = {"jvm": 0, "python_worker": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> ExecutorMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    def sample(self) -> None:
+        parents: dict[int, int] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(stat.parent.name)] = int(fields[1])
+        mine = {os.getpid()}
+        changed = True
+        while changed:
+            changed = False
+            for pid, ppid in parents.items():
+                if ppid in mine and pid not in mine:
+                    mine.add(pid)
+                    changed = True
+        for pid in mine - {os.getpid()}:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            kind = ("jvm" if b"java" in cmdline.split(b"\0", 1)[0]
+                    else "python_worker" if b"pyspark.worker" in cmdline else None)
+            if kind is None:
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmRSS:"):
+                    self.peak_kib[kind] = max(self.peak_kib[kind], int(line.split()[1]))
+
+    def mib(self) -> dict[str, float]:
+        return {k: round(v / 1024, 1) for k, v in self.peak_kib.items()}
+
+
 def child(args: argparse.Namespace) -> None:
     """Runs in its own process: Spark session, the daemon thread, the compaction."""
     from pyspark.sql import SparkSession
@@ -163,14 +220,15 @@ def child(args: argparse.Namespace) -> None:
     thread = threading.Thread(target=daemon, name="daemon-beside")
     thread.start()
     try:
-        with Stopwatch() as sw:
+        with ExecutorMemory() as executors, Stopwatch() as sw:
             summary = run_compact(ctx, clock=lambda: (T0 + 10 * 86_400_000) / 1000)
     finally:
         stop.set()
         thread.join()
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"summary": summary, "seconds": sw.seconds, "appended": appended,
-                      "driver_peak_rss_mib": round(peak_kb / 1024, 1)}))
+                      "driver_peak_rss_mib": round(peak_kb / 1024, 1),
+                      "executor_peak_rss_mib": executors.mib()}))
 
 
 # -- the parent ------------------------------------------------------------------------------------
@@ -278,7 +336,9 @@ def main(argv: list[str] | None = None) -> None:
                        "objects_written": summary["objects_written"],
                        "commit_conflicts": summary["commit_conflicts"],
                        "ok": summary["ok"], "errors": summary["errors"][:5],
-                       "driver_peak_rss_mib": run["driver_peak_rss_mib"]},
+                       "driver_peak_rss_mib": run["driver_peak_rss_mib"],
+                       # sampled every 0.2 s: the JVM, and the largest Python worker
+                       "executor_peak_rss_mib": run["executor_peak_rss_mib"]},
         "boto3_io": base,
         # from the unrounded rates: a short run's MB/s rounds to 0.0
         "ratio_vs_boto3_io": round((size / run["seconds"]) / (base["bytes_got"]

@@ -6,16 +6,19 @@ The driver loads each partition's head manifest and decides whether it is due
 
 1. executors read every cleanable segment object, walk its records once and emit the
    segment's latest offset per key MD5, packed per key bucket, and per batch with a producer
-   id a producer event (`scan_task`);
-2. one shuffle builds the key map: a task per (partition, bucket) keeps the latest offset of
-   each key and sends it to the segment holding it (`reduce_bucket`). Transaction verdicts
-   come from a `groupByKey` over (partition, producer id) (`transaction_flags`); records of
-   aborted or undecided transactions are kept out of the key map by a join on their batch.
-   No key map is ever held whole by the driver or by one executor: each segment receives
-   the offsets of the records it keeps;
-3. executors read the segments again and clean them (`tiered.kafka.compaction`); only sizes
-   and counts come back to the driver, which groups adjacent cleaned segments up to the
-   segment size target (`compact_plan.group_outputs`);
+   id a producer event (`scan_task`), as the pairs of one shuffle the scan writes itself; the
+   segment is left on the executor's disk for step 3 (`executor_spill`). The driver reads
+   back one partition of that shuffle, the segments' summary rows (`SIDE`);
+2. the key map reads the rest: per (partition, bucket) the latest offset of each key, sent
+   to the segment holding it (`reduce_bucket`), and per (partition, producer id) the batch
+   verdicts (`transaction_flags`). Keys of transactional batches count only once their
+   transaction committed: then the verdicts come first and those keys join them on their
+   batch (`_verdicts_with_transactions`). No key map is ever held whole by the driver or by
+   one executor: each segment receives the offsets of the records it keeps;
+3. executors clean every segment (`tiered.kafka.compaction`), from the scan's copy on their
+   disk or the bucket, and leave the cleaned bytes on their disk; only sizes and counts come
+   back to the driver, which groups adjacent cleaned segments up to the segment size target
+   (`compact_plan.group_outputs`);
 4. executors concatenate each group, rebuild its indexes and upload it under a fresh
    generation name with `compacted = 1`;
 5. the driver commits each partition through the merge job's compare-and-swap loop

@@ -81,11 +81,12 @@ def _source_bytes(store: Callable[[], ObjectStore], task: SegTask) -> bytes:
     return _fetch(store(), task)
 
 
-def _batches(task: SegTask, data: bytes) -> list[BatchHeader]:
-    """The segment's batch headers, each batch's CRC checked, every batch inside the
+def _batches(task: SegTask, data: bytes, *, verify_crc: bool = True) -> list[BatchHeader]:
+    """The segment's batch headers, each batch's CRC checked (unless `verify_crc` is off:
+    bytes the scan already walked, as their whole CRC-32C says), every batch inside the
     manifest's offsets (a compacted copy may start later or end earlier than its range)."""
     src = task.source
-    out = list(iter_batch_headers(data, path=src.key))
+    out = list(iter_batch_headers(data, path=src.key, verify_crc=verify_crc))
     for h in out:
         if h.base_offset < src.base_offset or h.last_offset > src.last_offset:
             raise CorruptSegmentError(
@@ -237,9 +238,11 @@ def clean_task(
 
 def _clean(data: bytes, task: SegTask, latest: np.ndarray, flags: Iterable[tuple[int, int]],
            now_ms: int, delete_retention_ms: int | None) -> SegmentCleaning:
+    # the bytes match the manifest's CRC-32C, as the ones the scan walked did, batch CRCs
+    # and all; the upload checks every batch of what the cleaning writes
     return clean_segment(data, latest=latest, flags=dict(flags), now_ms=now_ms,
                          delete_retention_ms=delete_retention_ms, path=task.source.key,
-                         batches=_batches(task, data))
+                         batches=_batches(task, data, verify_crc=False))
 
 
 def cleaned_bytes(store: ObjectStore, c: CleanOut) -> bytes:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -24,6 +25,11 @@ log = logging.getLogger(__name__)
 
 #: the directory under the Spark files root that a job's spills go to
 SPILL_DIR = "tiered-spill"
+#: free space a spill never takes from its disk, as a share of the disk and at least
+#: `SPILL_RESERVE_MIN`: every segment of a job is spilled before the first is read back, and
+#: Spark's own shuffle files need the same disk; past that the bytes are read again instead
+SPILL_RESERVE_SHARE = 0.2
+SPILL_RESERVE_MIN = 1 << 30
 
 
 def new_job_tag() -> str:
@@ -52,8 +58,8 @@ def spill_path(name: str) -> str | None:
 
 def spill(name: str, data: bytes) -> str | None:
     """Write `data` under `name` (written whole, then renamed into place) and return its path;
-    None when there is no Spark worker directory or the write fails (the caller then carries
-    the bytes itself or rebuilds them)."""
+    None when there is no Spark worker directory, the disk would keep less than its reserve
+    free, or the write fails (the caller then carries the bytes itself or rebuilds them)."""
     root = _root()
     if root is None:
         return None
@@ -61,6 +67,9 @@ def spill(name: str, data: bytes) -> str | None:
     tmp = root / f".{name}.{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
+        disk = shutil.disk_usage(root)
+        if disk.free - len(data) < max(SPILL_RESERVE_MIN, disk.total * SPILL_RESERVE_SHARE):
+            return None  # the disk is for the shuffle first
         tmp.write_bytes(data)
         os.replace(tmp, path)
     except OSError as exc:

@@ -4,6 +4,7 @@ it cleans the segment again from the bucket, and refuses bytes that differ."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import crc32c
@@ -24,9 +25,12 @@ NOW = 1_700_000_000_000
 
 @pytest.fixture
 def spill_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in for a Spark worker's files directory."""
+    """A stand-in for a Spark worker's files directory, on a disk with room to spare whatever
+    this machine's holds."""
     root = tmp_path / "worker" / executor_spill.SPILL_DIR
     monkeypatch.setattr(executor_spill, "_root", lambda: root)
+    monkeypatch.setattr(executor_spill, "SPILL_RESERVE_MIN", 0)
+    monkeypatch.setattr(executor_spill, "SPILL_RESERVE_SHARE", 0.0)
     return root
 
 
@@ -103,3 +107,24 @@ def test_the_cleaning_pass_reads_the_scans_spill_and_builds_no_client(
     again = clean_task(lambda: file_store, task, np.array([1, 2], np.int64), (), now_ms=NOW,
                        delete_retention_ms=None)
     assert again.crc == out.crc
+
+
+def test_nothing_spills_into_the_disks_reserve(spill_root: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every segment of a job is spilled before the first is read back: a spill that would
+    leave less than the reserve free is not written (the bytes are read again instead)."""
+    spill_root.mkdir(parents=True)
+    monkeypatch.setattr(executor_spill, "SPILL_RESERVE_MIN", 1 << 30)
+    monkeypatch.setattr(executor_spill, "SPILL_RESERVE_SHARE", 0.2)
+    total = 10 << 30
+    reserve = total * 0.2
+
+    def disk(free: float) -> None:
+        usage = shutil._ntuple_diskusage(total, int(total - free), int(free))  # type: ignore[attr-defined]
+        monkeypatch.setattr(executor_spill.shutil, "disk_usage", lambda _p: usage)
+
+    disk(reserve + 2000)
+    assert executor_spill.spill("ok.raw", b"x" * 1000) is not None
+    disk(reserve + 500)
+    assert executor_spill.spill("full.raw", b"x" * 1000) is None
+    assert not (spill_root / "full.raw").exists()

@@ -221,16 +221,6 @@ def _executor_store(settings: Any) -> ObjectStore:
         return store
 
 
-def _scan_partition(settings: Any, acc: Accumulator[int], items: Iterable[SegTask]
-                    ) -> Iterator[tuple[Any, ...]]:
-    store = _executor_store(settings)
-    for task in items:
-        for ev in scan_task(store, task):
-            if ev[0] == SCANNED:
-                acc.add(ev[3])
-            yield ev
-
-
 #: the scan's shuffle keys are `(kind, pidx, x)`, kinds as ints (a string in a shuffle key
 #: would need every worker's hash seed pinned): a segment's `SCANNED` row (x: its row), a
 #: bucket of the key map (x: the bucket), a producer's batches (x: the producer id), the
@@ -245,7 +235,14 @@ def _scan_pairs(settings: Any, acc: Accumulator[int], items: Iterable[SegTask]
                 ) -> Iterator[tuple[tuple[int, int, int], Any]]:
     """Stage 1 as shuffle pairs: `scan_task`'s events keyed for the key map, so the scan
     writes the shuffle itself rather than its events being kept and read again."""
-    for ev in _scan_partition(settings, acc, items):
+    store = _executor_store(settings)
+    for task in items:
+        yield from _pairs(task, scan_task(store, task), acc)
+
+
+def _pairs(task: SegTask, events: Iterable[tuple[Any, ...]], acc: Accumulator[int]
+           ) -> Iterator[tuple[tuple[int, int, int], Any]]:
+    for ev in events:
         tag = ev[0]
         if tag == KEY:
             yield (_KEYS, ev[1], ev[2]), ev[3:]
@@ -253,8 +250,9 @@ def _scan_pairs(settings: Any, acc: Accumulator[int], items: Iterable[SegTask]
             yield (_PRODUCER, ev[1], ev[2]), ev[3]
         elif tag == TXN_KEY:
             yield (_TXN_KEYS, ev[1], ev[2]), ev[3:]
-        else:
-            yield (_SCANNED, ev[1], ev[2]), ev
+        else:  # with its task: the key map hands it on to the cleaning pass
+            acc.add(ev[3])
+            yield (_SCANNED, ev[1], ev[2]), (ev, task)
 
 
 def _as_event(pair: tuple[tuple[int, int, int], Any]) -> tuple[Any, ...]:
@@ -266,7 +264,7 @@ def _as_event(pair: tuple[tuple[int, int, int], Any]) -> tuple[Any, ...]:
         return (PRODUCER, pidx, x, value)
     if kind == _TXN_KEYS:
         return (TXN_KEY, pidx, x, *value)
-    return tuple(value)
+    return tuple(value[0])
 
 
 def _route(parts: int) -> Callable[[tuple[int, int, int]], int]:
@@ -292,12 +290,16 @@ def _key_map(bounds: Any, bad: frozenset[int],
     """Stage 2 for a job without transactional keys, on one partition of the scan's shuffle
     (sorted by key, so each key's values arrive together and one is held at a time): every
     key bucket's latest offsets (`reduce_bucket`) and every producer's batch verdicts
-    (`transaction_flags`), each sent to the segment it belongs to."""
+    (`transaction_flags`), each sent to the segment it belongs to; and every segment's task,
+    from its summary row, so that each segment meets its verdicts even when it has none."""
     for key, group in itertools.groupby(pairs, key=lambda kv: kv[0]):
         kind, pidx = key[0], key[1]
         if pidx in bad:
             continue
-        if kind == _KEYS:
+        if kind == _SCANNED:
+            for _k, (_ev, task) in group:
+                yield (task.pidx, task.row), ("s", task)
+        elif kind == _KEYS:
             rows = (("k", *value) for _k, value in group)
             for seg, winners in reduce_bucket(pidx, bounds.value[pidx], rows):
                 yield seg, ("l", winners)
@@ -417,8 +419,10 @@ def _compact(
     by_pidx = {j.pidx: j for j in due}
     bounds = sc.broadcast({j.pidx: j.bounds for j in due})
     retention = {j.pidx: j.settings.delete_retention_ms for j in due}
-    slices = slices_for(len(tasks), sc.defaultParallelism)
-    shuffle_parts = max(sc.defaultParallelism * 2, 2)
+    # a task per core and stage: each Python task costs tens of milliseconds to launch and
+    # feed, and the segments of a compaction are of a size (docs/performance.md)
+    slices = slices_for(len(tasks), sc.defaultParallelism, per_core=1)
+    shuffle_parts = max(sc.defaultParallelism, 2)
     group = f"tiered-compact-{time.monotonic_ns()}"
     acc: Accumulator[int] = sc.accumulator(0)  # bytes read, both passes over the segments
     # several stages: the task count is not known up front, the bytes are
@@ -428,7 +432,7 @@ def _compact(
                     .repartitionAndSortWithinPartitions(shuffle_parts + 1,
                                                         _route(shuffle_parts)))
         # runs the scan, writing the whole shuffle; the key map later reads the rest of it
-        scanned = [v for _k, v in sc.runJob(shuffled, list, [SIDE])]
+        scanned = [v[0] for _k, v in sc.runJob(shuffled, list, [SIDE])]
         bytes_read = sum(e[3] for e in scanned)
         for _tag, pidx, index, _n, error, _p, _t in scanned:
             if error is not None:
@@ -487,12 +491,12 @@ def _clean(
     kept: list[RDD[Any]] = []
     if counts.txn_keys:
         verdicts = _verdicts_with_transactions(shuffled, tasks, bad, bounds, parts, kept)
-    else:
+        verdicts = verdicts.union(shuffled.context.parallelize(
+            [((t.pidx, t.row), ("s", t)) for t in tasks if t.pidx not in bad],
+            max(1, min(len(tasks), parts))))
+    else:  # the segments' tasks come with their summary rows
         verdicts = shuffled.mapPartitions(partial(_key_map, bounds, bad))
-    segs = shuffled.context.parallelize(
-        [((t.pidx, t.row), ("s", t)) for t in tasks if t.pidx not in bad],
-        max(1, min(len(tasks), parts)))
-    cleaned = (segs.union(verdicts).groupByKey(parts)
+    cleaned = (verdicts.groupByKey(parts)
                .mapPartitions(partial(_clean_partition, settings, now_ms, retention, acc)))
     # on disk only: the verdicts each cleaned segment carries are 8 bytes per key it keeps,
     # and the cleaned bytes themselves when they could not be spilled: held in the block

@@ -28,6 +28,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import boto3  # noqa: E402,F401
 import botocore.session  # noqa: E402,F401
+
+# with it the worker's own module, which PySpark's daemon imports after each fork (from
+# pyspark.zip, compiled again every time: a zip holds no bytecode cache); it starts no thread
+import pyspark.worker  # noqa: E402,F401
 from pyspark import daemon  # noqa: E402
 
 import spark_jobs.compact  # noqa: E402,F401

@@ -39,6 +39,14 @@ def test_workers_are_forked_from_a_daemon_that_imported_the_jobs(spark: Any) -> 
     assert all("-m spark_jobs.worker_daemon" in parent for parent, _ in seen)
     assert all(loaded for _, loaded in seen)
 
+    def daemon_threads(_: int) -> int:
+        import os
+
+        return len(os.listdir(f"/proc/{os.getppid()}/task"))
+
+    # what the daemon imports starts no thread: forking a process with threads is unsafe
+    assert spark.sparkContext.parallelize(range(2), 2).map(daemon_threads).collect() == [1, 1]
+
 
 def test_a_task_does_not_read_sparks_zip_archives_again(spark: Any) -> None:
     """Each task starts with `importlib.invalidate_caches()`; the importers of the archives

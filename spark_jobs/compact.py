@@ -64,7 +64,14 @@ from spark_jobs.compact_plan import (
     plan_compaction,
 )
 from spark_jobs.executor_spill import new_job_tag
-from spark_jobs.job_context import JobContext, PartitionRef, Progress, job_error, slices_for
+from spark_jobs.job_context import (
+    JobContext,
+    PartitionRef,
+    Progress,
+    balanced_slices,
+    job_error,
+    slices_for,
+)
 from spark_jobs.merge import PartitionState, _delete_unreferenced, _Planned, commit_partition
 from spark_jobs.merge_exec import RunResult, RunTask, SourceSegment, fresh_generation
 from spark_jobs.merge_plan import MergeLimits, is_compacted_topic, merge_limits
@@ -231,13 +238,14 @@ _SCANNED, _KEYS, _PRODUCER, _TXN_KEYS = 0, 1, 2, 3
 SIDE = 0
 
 
-def _scan_pairs(settings: Any, acc: Accumulator[int], items: Iterable[SegTask]
+def _scan_pairs(settings: Any, acc: Accumulator[int], items: Iterable[list[SegTask]]
                 ) -> Iterator[tuple[tuple[int, int, int], Any]]:
     """Stage 1 as shuffle pairs: `scan_task`'s events keyed for the key map, so the scan
     writes the shuffle itself rather than its events being kept and read again."""
     store = _executor_store(settings)
-    for task in items:
-        yield from _pairs(task, scan_task(store, task), acc)
+    for tasks in items:  # one list of tasks per partition (`balanced_slices`)
+        for task in tasks:
+            yield from _pairs(task, scan_task(store, task), acc)
 
 
 def _pairs(task: SegTask, events: Iterable[tuple[Any, ...]], acc: Accumulator[int]
@@ -427,7 +435,10 @@ def _compact(
     acc: Accumulator[int] = sc.accumulator(0)  # bytes read, both passes over the segments
     # several stages: the task count is not known up front, the bytes are
     with Progress(sc, "compact", group=group, total_tasks=0, bytes_done=lambda: int(acc.value)):
-        shuffled = (sc.parallelize(tasks, slices)
+        # by bytes, not by count: a pass after an earlier one finds small compacted copies
+        # first and whole segments after them
+        lists = balanced_slices(tasks, slices, lambda t: t.source.size_bytes)
+        shuffled = (sc.parallelize(lists, len(lists))
                     .mapPartitions(partial(_scan_pairs, settings, acc))
                     .repartitionAndSortWithinPartitions(shuffle_parts + 1,
                                                         _route(shuffle_parts)))

@@ -10,12 +10,13 @@ Nothing here imports pyspark at module import time: the daemon installs without 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -196,6 +197,22 @@ def slices_for(count: int, parallelism: int, *, per_core: int = 2) -> int:
     task does not hold up the stage (each Spark task costs tens of ms to launch, so not
     more), never more than there are tasks."""
     return max(1, min(count, max(1, parallelism) * per_core))
+
+
+def balanced_slices(items: Sequence[T], slices: int, weight: Callable[[T], int]
+                    ) -> list[list[T]]:
+    """`items` cut into `slices` lists of about equal total `weight` (the heaviest first, each
+    to the lightest list so far), each list in the items' own order: one Spark partition each
+    (`sc.parallelize(lists, len(lists)).flatMap(...)`), where `parallelize` would cut by count
+    and put a run of large items in one partition."""
+    n = max(1, min(slices, len(items)))
+    loads = [(0, i) for i in range(n)]
+    members: list[list[int]] = [[] for _ in range(n)]
+    for at in sorted(range(len(items)), key=lambda k: -weight(items[k])):
+        load, i = heapq.heappop(loads)
+        members[i].append(at)
+        heapq.heappush(loads, (load + weight(items[at]), i))
+    return [[items[k] for k in sorted(m)] for m in members if m]
 
 
 # -- progress ----------------------------------------------------------------------------------

@@ -147,15 +147,11 @@ def reduce_bucket(
     txn: list[tuple[Any, ...]] = []
     for item in items:
         (packed if item[0] == "k" else txn).append(item)
-    # segments in row order, each in offset order (`last_per_key`): offsets ascend throughout,
-    # so `last_per_key` need not sort them first (unless transactional keys follow)
-    packed.sort(key=lambda it: it[1])
     ids = [it[2] for it in packed] + [it[1] for it in txn]
     offsets = [it[3] for it in packed] + [np.int64(it[2]).tobytes() for it in txn]
-    _ids, best = last_per_key(
+    _ids, winners = last_per_key(  # in any order in, in offset order out
         np.frombuffer(b"".join(ids), np.uint8).reshape(-1, ID_BYTES),
         np.frombuffer(b"".join(offsets), np.int64))
-    winners = np.sort(best)
     cuts = np.searchsorted(winners, np.asarray(bounds, np.int64))
     for row in range(len(bounds)):
         lo = int(cuts[row])

@@ -366,3 +366,18 @@ def test_identities_sharing_their_mix_are_still_told_apart() -> None:
     assert bucket_of(ids[:2], 1 << 30).tolist()[0] == bucket_of(ids[:2], 1 << 30).tolist()[1]
     uniq, best = last_per_key(ids, np.array([1, 2, 3, 4, 5], np.int64))
     assert sorted(zip(best.tolist(), [bytes(u) for u in uniq], strict=True)) == [(4, b), (5, a)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_highest_offset_per_key_whatever_the_rows_order(seed: int) -> None:
+    """Rows in any order (transactional keys come after the segments' rows): each key once,
+    with its highest offset, the result in offset order; the same as a dict would keep."""
+    rng = np.random.default_rng(seed)
+    keys = [key_id(b"k%d" % rng.integers(0, 500)) for _ in range(3000)]
+    offsets = rng.permutation(10_000)[:3000].astype(np.int64)
+    want: dict[bytes, int] = {}
+    for k, o in zip(keys, offsets.tolist(), strict=True):
+        want[k] = max(want.get(k, -1), o)
+    uniq, best = last_per_key(np.frombuffer(b"".join(keys), np.uint8).reshape(-1, 16), offsets)
+    assert best.tolist() == sorted(want.values())
+    assert {bytes(u): int(b) for u, b in zip(uniq, best, strict=True)} == want

@@ -52,6 +52,7 @@ from spark_jobs.compact_exec import (
     SegTask,
     clean_task,
     latest_offsets,
+    prefetched,
     reduce_bucket,
     scan_task,
     upload_group,
@@ -244,8 +245,8 @@ def _scan_pairs(settings: Any, acc: Accumulator[int], items: Iterable[list[SegTa
     writes the shuffle itself rather than its events being kept and read again."""
     store = _executor_store(settings)
     for tasks in items:  # one list of tasks per partition (`balanced_slices`)
-        for task in tasks:
-            yield from _pairs(task, scan_task(store, task), acc)
+        for task, fetched in prefetched(store, tasks):
+            yield from _pairs(task, scan_task(store, task, fetched), acc)
 
 
 def _pairs(task: SegTask, events: Iterable[tuple[Any, ...]], acc: Accumulator[int]

@@ -1,18 +1,28 @@
 """Bytes handed between a job's stages on the executor's disk (`spark_jobs.executor_spill`),
 and what compaction does when the cleaned bytes are not on the machine that uploads them:
-it cleans the segment again from the bucket, and refuses bytes that differ."""
+it cleans the segment again from the bucket, and refuses bytes that differ. And the scan's
+read of the next segment while it walks one (`prefetched`)."""
 
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import numpy as np
 import pytest
 
 from spark_jobs import executor_spill
-from spark_jobs.compact_exec import SegTask, clean_task, cleaned_bytes
+from spark_jobs.compact_exec import (
+    SCANNED,
+    SegTask,
+    clean_task,
+    cleaned_bytes,
+    prefetched,
+    scan_task,
+)
 from spark_jobs.job_context import PartitionRef
 from spark_jobs.merge_exec import SourceSegment
 from tiered.errors import CorruptSegmentError
@@ -128,3 +138,41 @@ def test_nothing_spills_into_the_disks_reserve(spill_root: Path,
     disk(reserve + 500)
     assert executor_spill.spill("full.raw", b"x" * 1000) is None
     assert not (spill_root / "full.raw").exists()
+
+
+class _Watched:
+    """A store whose GETs say when they start (the segments' object reads)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.started: dict[str, threading.Event] = {}
+
+    def get(self, key: str) -> Any:
+        self.started.setdefault(key, threading.Event()).set()
+        return self.store.get(key)
+
+
+def test_the_scan_reads_the_next_segment_while_it_walks_this_one(
+        file_store: ObjectStore) -> None:
+    tasks = []
+    for row, base in enumerate((0, 10, 20)):
+        data = encode_batch([Record(base, NOW, b"k%d" % row, b"v")], base_offset=base)
+        key = f"t/0/{base:020d}-1-v1.log"
+        file_store.put(key, data)
+        src = SourceSegment(key, key.rsplit("/", 1)[1], base, base, len(data),
+                            crc32c.crc32c(data))
+        tasks.append(SegTask(0, PartitionRef("t", 0, "1"), row, src, 1, False, NOW, NOW))
+    # the third object is damaged: its error comes with its task, in its place
+    file_store.put(tasks[2].source.key, b"garbled")
+    watched = _Watched(file_store)
+    walk = prefetched(watched, tasks)  # type: ignore[arg-type]
+    task, got = next(walk)
+    assert task is tasks[0] and isinstance(got, bytes)
+    assert watched.started.setdefault(tasks[1].source.key, threading.Event()).wait(10), \
+        "the next segment's GET started before the first was handed over for its walk"
+    rest = list(walk)
+    assert [t.row for t, _ in rest] == [1, 2]
+    assert isinstance(rest[0][1], bytes)
+    assert isinstance(rest[1][1], CorruptSegmentError)
+    rows = list(scan_task(watched, rest[1][0], rest[1][1]))  # type: ignore[arg-type]
+    assert len(rows) == 1 and rows[0][0] == SCANNED and "bytes" in rows[0][4]

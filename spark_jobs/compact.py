@@ -251,6 +251,7 @@ def _scan_pairs(settings: Any, acc: Accumulator[int], items: Iterable[list[SegTa
 
 def _pairs(task: SegTask, events: Iterable[tuple[Any, ...]], acc: Accumulator[int]
            ) -> Iterator[tuple[tuple[int, int, int], Any]]:
+    """One segment's scan events as shuffle pairs; its bytes read counted in `acc`."""
     for ev in events:
         tag = ev[0]
         if tag == KEY:
@@ -416,7 +417,6 @@ def _compact(
 ) -> tuple[int, int]:
     """Stages 1 to 5 over the due partitions; returns (bytes read, unreferenced objects
     deleted)."""
-
     sc = ctx.sc
     settings = ctx.settings
     tag = new_job_tag()

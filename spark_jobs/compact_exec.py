@@ -61,6 +61,7 @@ class SegTask(NamedTuple):
     job: str = ""
 
     def spill_name(self, kind: str) -> str:
+        """The name of this segment's spill of `kind` ("raw", "clean") in its run."""
         return f"{self.job}-{self.pidx}-{self.row}.{kind}"
 
 

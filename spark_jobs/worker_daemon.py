@@ -11,10 +11,11 @@ stores are still built in each worker (`spark_jobs.compact._executor_store`).
 
 A worker also calls `importlib.invalidate_caches()` before every task, and since Python 3.10
 that makes each zip importer read its archive's whole directory again: PySpark's own
-`pyspark.zip` and py4j's, on `sys.path` from the launcher, about 80 ms a task, a second or
-more of a job's CPU. Those archives are part of the Spark installation and do not change while
-the daemon lives, so their importers are replaced here by ones that keep what they read
-(`_keep_zip_directories`); an archive a job adds later (`--py-files`) is not one of them.
+`pyspark.zip`, py4j's and Spark 4's spark-core jar, on `sys.path` from the launcher, about
+80 ms a task, a second or more of a job's CPU. Those archives are part of the Spark
+installation and do not change while the daemon lives, so their importers are replaced here
+by ones that keep what they read (`_keep_zip_directories`); an archive a job adds
+(`--py-files`) is not one of them.
 """
 
 from __future__ import annotations
@@ -48,12 +49,24 @@ class _KeptZipImporter(zipimport.zipimporter):
         pass
 
 
+def _spark_archive(archive: str) -> bool:
+    """Whether `archive` is one of the Spark installation's own (under `SPARK_HOME`: PySpark's
+    and py4j's zips, and the spark-core jar Spark 4 puts on the path), which no job replaces;
+    a `--py-files` archive of a job is not."""
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        root = os.path.join(os.path.realpath(home), "")
+        return os.path.realpath(archive).startswith(root)
+    name = os.path.basename(archive)
+    return name == "pyspark.zip" or (name.startswith("py4j-") and name.endswith(".zip"))
+
+
 def _keep_zip_directories() -> int:
-    """Swap the zip importers of the archives imported from so far for `_KeptZipImporter`s
-    (each reads its directory once, here); returns how many."""
+    """Swap the zip importers of Spark's own archives imported from so far for
+    `_KeptZipImporter`s (each reads its directory once, here); returns how many."""
     swapped = 0
     for path, finder in list(sys.path_importer_cache.items()):
-        if type(finder) is zipimport.zipimporter:
+        if type(finder) is zipimport.zipimporter and _spark_archive(finder.archive):
             try:
                 sys.path_importer_cache[path] = _KeptZipImporter(path)
             except zipimport.ZipImportError:

@@ -53,19 +53,24 @@ def test_a_task_does_not_read_sparks_zip_archives_again(spark: Any) -> None:
     the daemon imported from (pyspark.zip, py4j's) keep the directory they read, and imports
     from them still work."""
 
-    def importers(_: int) -> list[tuple[str, str]]:
+    def importers(_: int) -> list[tuple[str, str, bool]]:
         import importlib
+        import os
         import sys
         import zipimport
 
         importlib.invalidate_caches()
         importlib.import_module("pyspark.statcounter")  # a module no job imports
-        return [(path, type(f).__name__) for path, f in sys.path_importer_cache.items()
+        home = os.path.realpath(os.environ["SPARK_HOME"])
+        return [(path, type(f).__name__, os.path.realpath(f.archive).startswith(home))
+                for path, f in sys.path_importer_cache.items()
                 if isinstance(f, zipimport.zipimporter)]
 
     seen = spark.sparkContext.parallelize(range(2), 2).flatMap(importers).collect()
-    zips = {name for path, name in seen if path.endswith("pyspark.zip")}
-    assert zips == {"_KeptZipImporter"}
+    assert {name for path, name, _ in seen if path.endswith("pyspark.zip")} == {
+        "_KeptZipImporter"}
+    # every archive of the installation (py4j's zip, Spark 4's spark-core jar) too
+    assert {name for _, name, spark_own in seen if spark_own} == {"_KeptZipImporter"}
 
 
 def test_missing_pyspark_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:

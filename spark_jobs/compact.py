@@ -64,7 +64,7 @@ from spark_jobs.compact_plan import (
     group_outputs,
     plan_compaction,
 )
-from spark_jobs.executor_spill import new_job_tag
+from spark_jobs.executor_spill import discard_run, new_job_tag
 from spark_jobs.job_context import (
     JobContext,
     PartitionRef,
@@ -416,10 +416,33 @@ def _compact(
     before_commit: Callable[[PartitionRef], None] | None,
 ) -> tuple[int, int]:
     """Stages 1 to 5 over the due partitions; returns (bytes read, unreferenced objects
-    deleted)."""
+    deleted). What the run left on the executors' disks goes at its end, however it ends."""
+    tag = new_job_tag()
+    try:
+        return _stages(ctx, due, tag, now_ms=now_ms, dry_run=dry_run,
+                       before_commit=before_commit)
+    finally:
+        _discard_spills(ctx.sc, tag)
+
+
+def _discard_spills(sc: Any, tag: str) -> None:
+    """Best effort: a task per core removes the run's spill files on its machine
+    (`executor_spill.discard_run`); a machine none of them reaches keeps its files until the
+    application ends, when Spark removes its files directory."""
+    n = max(1, sc.defaultParallelism)
+    try:
+        sc.parallelize(range(n), n).foreach(lambda _i: discard_run(tag))
+    except Exception as exc:  # the run's own outcome, or its error, matters more
+        log.warning("could not remove the compaction run's spill files (%s); Spark removes "
+                    "them when the application ends", exc)
+
+
+def _stages(
+    ctx: JobContext, due: list[PartitionJob], tag: str, *, now_ms: int, dry_run: bool,
+    before_commit: Callable[[PartitionRef], None] | None,
+) -> tuple[int, int]:
     sc = ctx.sc
     settings = ctx.settings
-    tag = new_job_tag()
     for job in due:
         n = key_buckets(job.plan.cleanable_bytes if job.plan else 0, len(job.tasks),
                         sc.defaultParallelism)

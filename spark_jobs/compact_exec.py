@@ -18,7 +18,7 @@ from manifests import segment_indexes
 from manifests.collect import store_time_ms
 from manifests.model import SegmentMeta
 from spark_jobs.compact_columns import clean_segment, scan_keys
-from spark_jobs.executor_spill import spill, spill_path, unspill
+from spark_jobs.executor_spill import discard, spill, spill_path, unspill
 from spark_jobs.job_context import PartitionRef, job_error
 from spark_jobs.merge_exec import (
     RunResult,
@@ -71,16 +71,16 @@ def _fetch(store: ObjectStore, task: SegTask) -> bytes:
     return fetch_source(store, task.source)
 
 
-def _source_bytes(store: Callable[[], ObjectStore], task: SegTask) -> bytes:
-    """The segment's bytes as the scan left them on this machine's disk, or from the bucket
-    (checked against the manifest either way). `store` is called only for the latter: a
-    worker that finds every segment spilled never builds a client."""
+def _source_bytes(store: Callable[[], ObjectStore], task: SegTask) -> tuple[bytes, str | None]:
+    """The segment's bytes as the scan left them on this machine's disk (and that file, kept),
+    or from the bucket (and None); checked against the manifest either way. `store` is called
+    only for the latter: a worker that finds every segment spilled never builds a client."""
     src = task.source
-    if task.job:
-        spilled = unspill(spill_path(task.spill_name("raw")), src.size_bytes, src.checksum)
-        if spilled is not None:
-            return spilled
-    return _fetch(store(), task)
+    path = spill_path(task.spill_name("raw")) if task.job else None
+    spilled = unspill(path, src.size_bytes, src.checksum, keep=True)
+    if spilled is not None:
+        return spilled, path
+    return _fetch(store(), task), None
 
 
 def _batches(task: SegTask, data: bytes, *, verify_crc: bool = True) -> list[BatchHeader]:
@@ -210,11 +210,12 @@ class CleanOut(NamedTuple):
     error: str | None = None
     #: `SegmentCleaning.live_markers`: whose aborted transactions keep their index entries
     live_markers: tuple[int, ...] = ()
-    #: the cleaned bytes' spill file and CRC-32C (`data` is then empty)
+    #: the cleaned bytes' spill file and CRC-32C (`data` is then empty), and with them the
+    #: verdicts it was cleaned with (the sorted latest offsets as int64 bytes, the batch
+    #: flags), the job's clock and the topic's delete.retention.ms: what cleaning it again
+    #: takes (none of it when the bytes are carried)
     spilled: str | None = None
     crc: int = 0
-    #: the verdicts it was cleaned with (the sorted latest offsets as int64 bytes, the batch
-    #: flags), the job's clock and the topic's delete.retention.ms: what cleaning it again takes
     latest: bytes = b""
     flags: tuple[tuple[int, int], ...] = ()
     now_ms: int = 0
@@ -232,13 +233,17 @@ def clean_task(
 ) -> CleanOut:
     """Stage 3: clean the segment (the scan's spill of it, or a second read) with the
     partition-wide verdicts for its records (`latest`: sorted offsets that are the latest of
-    their key) and batches (`flags`); the cleaned bytes are spilled when the run spills.
-    `store` gives the bucket's client, when the segment must be read from it."""
+    their key) and batches (`flags`). When the run spills, the cleaned bytes are left on this
+    disk (a segment cleaning leaves as it was: the scan's spill of it), with what it takes to
+    clean it again elsewhere. `store` gives the bucket's client, when the segment must be
+    read from it."""
     flags = tuple(flags)
+    raw: str | None = None
     try:
-        res = _clean(_source_bytes(store, task), task, latest, flags, now_ms,
-                     delete_retention_ms)
+        data, raw = _source_bytes(store, task)
+        res = _clean(data, task, latest, flags, now_ms, delete_retention_ms)
     except TieredError as exc:
+        discard(raw)
         return CleanOut(task, b"", b"", {}, False, job_error(exc))
     stats = {
         "bytes_in": res.bytes_in,
@@ -252,14 +257,21 @@ def clean_task(
     }
     empty = empty_batch(res.last_header) if res.last_header is not None else b""
     out = CleanOut(task, res.data, empty, stats, res.changed,
-                   live_markers=tuple(res.live_markers), crc=crc32c.crc32c(res.data),
-                   latest=latest.astype(np.int64).tobytes(), flags=flags, now_ms=now_ms,
-                   delete_retention_ms=delete_retention_ms)
-    if task.job and res.data:
-        path = spill(task.spill_name("clean"), res.data)
-        if path is not None:
-            out = out._replace(data=b"", spilled=path)
-    return out
+                   live_markers=tuple(res.live_markers))
+    if not res.data:
+        discard(raw)
+        return out
+    if raw is not None and not res.changed:
+        path: str | None = raw  # the cleaned bytes are the segment's own, on this disk already
+    else:
+        discard(raw)
+        path = spill(task.spill_name("clean"), res.data) if task.job else None
+    if path is None:
+        return out  # carried
+    # what cleaning it again takes, should the upload run on another machine
+    return out._replace(data=b"", spilled=path, crc=crc32c.crc32c(res.data),
+                        latest=np.ascontiguousarray(latest, np.int64).tobytes(),
+                        flags=flags, now_ms=now_ms, delete_retention_ms=delete_retention_ms)
 
 
 def _clean(data: bytes, task: SegTask, latest: np.ndarray, flags: Iterable[tuple[int, int]],

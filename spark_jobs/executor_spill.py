@@ -7,7 +7,9 @@ stage instead writes them to a file under the executor's Spark files directory (
 the application ends) and passes on only the path, the size and the CRC-32C. A later task that
 runs on the same machine reads the file back; one that runs elsewhere, or finds the file gone
 or not the bytes it was told of, gets None and rebuilds the bytes from the bucket. So a spill
-is only ever a shortcut: nothing depends on it being there.
+is only ever a shortcut: nothing depends on it being there. A run's files that no later stage
+read back go when the run ends (`discard_run`, on each machine a task of it reaches), and the
+rest with the application.
 """
 
 from __future__ import annotations
@@ -105,3 +107,18 @@ def discard(path: str | None) -> None:
     if path is not None:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def discard_run(tag: str) -> int:
+    """Remove every spill of the run `tag` on this machine, written whole or not: what its
+    stages did not read back (a segment that joined no group, a partition left alone, a dry
+    run). Returns how many files went."""
+    root = _root()
+    if root is None or not root.is_dir():
+        return 0
+    gone = 0
+    for path in (*root.glob(f"{tag}-*"), *root.glob(f".{tag}-*")):
+        with contextlib.suppress(OSError):
+            path.unlink()
+            gone += 1
+    return gone

@@ -176,3 +176,45 @@ def test_the_scan_reads_the_next_segment_while_it_walks_this_one(
     assert isinstance(rest[1][1], CorruptSegmentError)
     rows = list(scan_task(watched, rest[1][0], rest[1][1]))  # type: ignore[arg-type]
     assert len(rows) == 1 and rows[0][0] == SCANNED and "bytes" in rows[0][4]
+
+
+def test_a_segment_cleaning_leaves_as_it_was_is_not_written_again(
+        file_store: ObjectStore, spill_root: Path) -> None:
+    """Every record latest (a later pass over a compacted copy): the cleaned bytes are the
+    segment's own, and the scan's spill of them stands for them; nothing more is written."""
+    task = _segment(file_store)
+    raw = file_store.get(task.source.key)
+    raw_path = executor_spill.spill(task.spill_name("raw"), raw)
+
+    def no_store() -> ObjectStore:
+        raise AssertionError("spilled here: no client")
+
+    out = clean_task(no_store, task, np.array([0, 1, 2], np.int64), (), now_ms=NOW,
+                     delete_retention_ms=None)
+    assert out.error is None and not out.changed
+    assert out.spilled == raw_path and out.crc == task.source.checksum
+    assert sorted(p.name for p in spill_root.iterdir()) == [task.spill_name("raw")]
+    assert cleaned_bytes(file_store, out) == raw
+
+
+def test_a_cleaning_that_fails_leaves_no_spill(file_store: ObjectStore,
+                                                spill_root: Path) -> None:
+    task = _segment(file_store)
+    good = file_store.get(task.source.key)
+    # the scan's copy checks out, but a batch lies outside the manifest's offsets
+    bad = task._replace(source=task.source._replace(last_offset=1))
+    executor_spill.spill(bad.spill_name("raw"), good)
+    out = clean_task(lambda: file_store, bad, np.array([1, 2], np.int64), (), now_ms=NOW,
+                     delete_retention_ms=None)
+    assert out.error is not None and "outside" in out.error
+    assert list(spill_root.iterdir()) == []
+
+
+def test_a_runs_leftover_spills_go_and_no_other_runs(spill_root: Path) -> None:
+    executor_spill.spill("run1-0-0.raw", b"a")
+    executor_spill.spill("run1-0-1.clean", b"b")
+    executor_spill.spill("run2-0-0.raw", b"c")
+    (spill_root / ".run1-0-2.raw.123").write_bytes(b"torn")  # a write a crash cut short
+    assert executor_spill.discard_run("run1") == 3
+    assert sorted(p.name for p in spill_root.iterdir()) == ["run2-0-0.raw"]
+    assert executor_spill.discard_run("run3") == 0

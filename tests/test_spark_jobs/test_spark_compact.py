@@ -183,6 +183,24 @@ def test_delete_topics_are_never_touched_and_dry_run_writes_nothing(
     assert bucket_keys(ctx.store) == objects
 
 
+def test_a_run_leaves_nothing_on_the_executors_disks(file_store: ObjectStore,
+                                                      spark: Any) -> None:
+    """A dry run cleans every segment and uploads none: what its stages left on the
+    executor's disk (spark_jobs/executor_spill.py) goes at its end, as after a real run."""
+    from pyspark import SparkFiles
+
+    from spark_jobs.executor_spill import SPILL_DIR
+
+    spills = Path(SparkFiles.getRootDirectory()) / SPILL_DIR
+    ctx = context(file_store)
+    log = make_log(random.Random(3), 0, 160)
+    seed(ctx, [log[i:i + 10] for i in range(0, len(log), 10)])
+    for dry_run in (True, False):
+        summary = run_compact(ctx, clock=lambda: NOW / 1000, dry_run=dry_run)
+        assert summary["ok"] and summary["records_dropped"] > 0, summary
+        assert not spills.is_dir() or list(spills.iterdir()) == [], dry_run
+
+
 def test_min_compaction_lag_leaves_young_segments_alone(
     file_store: ObjectStore, spark: Any
 ) -> None:

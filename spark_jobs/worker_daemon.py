@@ -77,4 +77,5 @@ def _keep_zip_directories() -> int:
 
 if __name__ == "__main__":
     _keep_zip_directories()
+    tiered.store.s3.warm_client_models()  # each task's store then builds its client in ms
     daemon.manager()

@@ -19,6 +19,7 @@ import crc32c
 import pytest
 from support.s3 import EXTERNAL_S3, TEST_MULTIPART_THRESHOLD, no_sleep, s3_settings
 
+import tiered.store.s3
 from tiered.store import (
     FileStore,
     ObjectNotFound,
@@ -507,6 +508,22 @@ def test_file_store_cas_holds_across_processes(file_store: FileStore) -> None:
 
 
 # -- S3 --------------------------------------------------------------------------------------
+
+
+def test_s3_clients_share_one_parse_of_the_service_models(s3_store: S3Store) -> None:
+    """Each store has a client and session of its own (sessions are not thread-safe), and
+    they read S3's models through one loader: a Spark task's store does not parse them again.
+    The clone, built as an executor builds it, still works."""
+    clone = pickle.loads(pickle.dumps(s3_store))
+    try:
+        mine, theirs = s3_store._client, clone._client
+        assert mine is not theirs
+        assert mine.meta.service_model is not theirs.meta.service_model
+        assert mine._loader is theirs._loader is tiered.store.s3._loader
+        clone.put("shared-loader", b"x")
+        assert s3_store.get("shared-loader") == b"x"
+    finally:
+        clone.close()
 
 
 def test_s3_multipart_etag_and_part_size(s3_store: S3Store, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import functools
 import http.client
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -21,7 +22,9 @@ from typing import Any, TypeVar
 import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.loaders
 import botocore.response
+import botocore.session
 import crc32c
 
 from tiered.errors import ConfigError
@@ -142,6 +145,31 @@ def map_s3_error(
     return exc
 
 
+_loader_lock = threading.Lock()
+_loader: botocore.loaders.Loader | None = None
+
+
+def _botocore_session() -> botocore.session.Session:
+    """A new botocore session reading its service models through the process's one loader.
+    Each session would parse S3's models again (about 40 ms a client); a Spark worker builds a
+    client per task, and the loader's parsed models are only read once parsed."""
+    global _loader
+    with _loader_lock:
+        if _loader is None:
+            _loader = botocore.loaders.create_loader()
+        loader = _loader
+    session = botocore.session.Session()
+    session.register_component("data_loader", loader)
+    return session
+
+
+def warm_client_models() -> None:
+    """Parse S3's service models into the shared loader now (no request is made): Spark's
+    worker daemon does it once before it forks, so no task pays for it."""
+    S3Store._make_client(StoreSettings(url="s3://warm", endpoint_url="http://127.0.0.1:9",
+                                       access_key="-", secret_key="-"))
+
+
 def _strip_etag(etag: object) -> str:
     return str(etag or "").strip('"')
 
@@ -198,7 +226,7 @@ class S3Store(ObjectStore):
         )
         region = settings.region or ("us-east-1" if settings.endpoint_url else None)
         # a private session: boto3's default session is not safe to share between threads
-        session = boto3.session.Session()
+        session = boto3.session.Session(botocore_session=_botocore_session())
         return session.client(
             "s3",
             endpoint_url=settings.endpoint_url,

@@ -185,21 +185,15 @@ class ExecutorMemory:
 
 def child(args: argparse.Namespace) -> None:
     """Runs in its own process: Spark session, the daemon thread, the compaction."""
-    from pyspark.sql import SparkSession
-
     from spark_jobs.compact import run_compact
     from spark_jobs.job_context import JobContext
-    from spark_jobs.session import DAEMON_MODULE
+    from spark_jobs.session import get_session
 
     config = make_config(args.endpoint, args.segment_mb * MIB)
-    # the workers run this interpreter (and its packages), not whatever `python3` is on PATH
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    (SparkSession.builder.master(args.master).appName("compact-bench")
-     .config("spark.driver.memory", args.executor_memory)
-     .config("spark.executor.memory", args.executor_memory)
-     .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-     .config("spark.python.daemon.module", DAEMON_MODULE)
-     .getOrCreate())
+    # the session `tiered compact` builds, with the memory asked for
+    get_session(args.master, app_name="compact-bench",
+                conf={"spark.driver.memory": args.executor_memory,
+                      "spark.executor.memory": args.executor_memory})
     ctx = JobContext.from_config(config)
     ctx.sc.parallelize(range(4), 2).map(lambda x: x).collect()  # workers up before the clock
     stop = threading.Event()

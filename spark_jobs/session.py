@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from tiered.errors import TieredError
@@ -21,6 +22,12 @@ DEFAULT_MASTER = "local[*]"
 #: the Python worker daemon: PySpark's, with the jobs' modules imported before it forks a
 #: worker (spark_jobs/worker_daemon.py)
 DAEMON_MODULE = "spark_jobs.worker_daemon"
+#: the JVM options of a local session this process starts (`spark.driver.defaultJavaOptions`,
+#: so a `spark.driver.extraJavaOptions` of the user's comes after them and wins): the JIT's
+#: first tier only. The JVM of these jobs moves bytes between Python workers and runs
+#: Spark's scheduler; the second tier's compiler spent 1.2 s of CPU in a 4 s compaction
+#: recompiling that code, on cores the workers need (docs/performance.md)
+LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 class SparkUnavailable(TieredError):
@@ -49,13 +56,15 @@ def prepare_environment() -> None:
 
 
 def get_session(
-    master: str | None = None, *, app_name: str = "tiered", ui: bool = False
+    master: str | None = None, *, app_name: str = "tiered", ui: bool = False,
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """The process's Spark session, created on first use.
 
     `master` None keeps a session that `spark-submit` already configured (its `--master`
     wins) and otherwise uses `local[*]`. The UI is off by default: jobs report progress on
-    the terminal, and tests must not bind port 4040.
+    the terminal, and tests must not bind port 4040. `conf`: more settings, which win over
+    these (a local session's JVM options among them, `LOCAL_JVM_OPTIONS`).
     """
     require_pyspark()
     prepare_environment()
@@ -65,8 +74,12 @@ def get_session(
     if active is not None and master is None:
         return active
     builder = SparkSession.builder.appName(app_name)
-    if master is not None or "spark.master" not in _submitted_conf():
+    submitted = "spark.master" in _submitted_conf()
+    if master is not None or not submitted:
         builder = builder.master(master or DEFAULT_MASTER)
+    if not submitted and (master or DEFAULT_MASTER).startswith("local"):
+        # this process launches the JVM, and it is the whole cluster
+        builder = builder.config("spark.driver.defaultJavaOptions", LOCAL_JVM_OPTIONS)
     builder = (
         builder.config("spark.ui.enabled", "true" if ui else "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -75,6 +88,8 @@ def get_session(
         .config("spark.python.daemon.module", DAEMON_MODULE)
         .config("spark.sql.shuffle.partitions", "8")
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     try:
         session = builder.getOrCreate()
     except Exception as exc:  # Java missing or the JVM failing to start is a setup problem

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from spark_jobs.job_context import Progress
-from spark_jobs.session import SparkUnavailable, require_pyspark
+from spark_jobs.session import LOCAL_JVM_OPTIONS, SparkUnavailable, require_pyspark
 
 
 def test_workers_run_this_interpreter(spark: Any) -> None:
@@ -25,19 +25,22 @@ def test_workers_are_forked_from_a_daemon_that_imported_the_jobs(spark: Any) -> 
     """A fresh worker does not pay for importing boto3, numpy and tiered (a second or two) on
     its first task: the daemon did, once (spark_jobs/worker_daemon.py)."""
 
-    def forked(_: int) -> tuple[str, bool]:
-        # the worker's parent, and whether the jobs' modules came with the fork (this
-        # function, pickled by value, imports none of them)
+    def forked(_: int) -> tuple[str, bool, bool]:
+        # the worker's parent, whether the jobs' modules came with the fork (this function,
+        # pickled by value, imports none of them), and S3's models parsed with them
         import os
         import sys
 
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
             parent = f.read().decode().replace("\0", " ")
-        return parent, "spark_jobs.compact_exec" in sys.modules
+        s3 = sys.modules.get("tiered.store.s3")
+        return (parent, "spark_jobs.compact_exec" in sys.modules,
+                s3 is not None and s3._loader is not None)
 
     seen = spark.sparkContext.parallelize(range(4), 4).map(forked).collect()
-    assert all("-m spark_jobs.worker_daemon" in parent for parent, _ in seen)
-    assert all(loaded for _, loaded in seen)
+    assert all("-m spark_jobs.worker_daemon" in parent for parent, _, _ in seen)
+    assert all(loaded for _, loaded, _ in seen)
+    assert all(models for _, _, models in seen)
 
     def daemon_threads(_: int) -> int:
         import os
@@ -46,6 +49,13 @@ def test_workers_are_forked_from_a_daemon_that_imported_the_jobs(spark: Any) -> 
 
     # what the daemon imports starts no thread: forking a process with threads is unsafe
     assert spark.sparkContext.parallelize(range(2), 2).map(daemon_threads).collect() == [1, 1]
+
+
+def test_a_local_sessions_jvm_compiles_at_the_jits_first_tier(spark: Any) -> None:
+    """The session this process started runs its JVM with `LOCAL_JVM_OPTIONS` (the JVM only
+    moves bytes and schedules; the second tier's compiler would take the workers' cores)."""
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert LOCAL_JVM_OPTIONS in list(runtime.getInputArguments())
 
 
 def test_a_task_does_not_read_sparks_zip_archives_again(spark: Any) -> None:

@@ -6,6 +6,7 @@ certificate files."""
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 import select
 import socket
@@ -32,8 +33,10 @@ from support.kafka_endpoint import (
     kafka_config,
     kcat_records,
 )
+from support.waiting import wait_until
 
 from tiered.app.daemon import Daemon, DaemonOptions
+from tiered.app.serving import State
 from tiered.errors import ConfigError, TieredError
 
 pytestmark = pytest.mark.timeout(300)
@@ -154,6 +157,14 @@ def test_a_stalled_tls_handshake_is_cut_at_the_request_deadline(history: History
             consumer.close()
 
 
+def _all_idle_on_server(daemon: Daemon) -> bool:
+    """Whether every connection the daemon's Kafka endpoint holds waits for its client's next
+    request (its own view, which the connection limits decide on)."""
+    assert daemon.kafka is not None
+    clients = list(daemon.kafka._server._clients.values())
+    return all(client.state is State.IDLE for client, _thread in clients)
+
+
 def test_at_the_limit_the_connection_idle_the_longest_makes_room(history: History) -> None:
     """Beyond max_connections, the connection that waited on its client the longest is
     closed so the newcomer is served; the others go on."""
@@ -164,6 +175,11 @@ def test_at_the_limit_the_connection_idle_the_longest_makes_room(history: Histor
         for c in (first, second):  # both served, then idle: first the longest
             c.send_frame(b"\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00")
             assert c.read_frame()[:4] == b"\x00\x00\x00\x01"
+            # the client has its answer before the server's thread records the connection
+            # idle again: wait for that, so the first is the longest idle on the server's
+            # side too
+            wait_until(functools.partial(_all_idle_on_server, daemon),
+                       "the daemon to count the connection idle")
         third = RawClient(port)
         third.send_frame(b"\x00\x12\x00\x00\x00\x00\x00\x02\x00\x00")
         assert third.read_frame()[:4] == b"\x00\x00\x00\x02"

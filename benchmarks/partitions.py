@@ -13,7 +13,10 @@ bucket:
    object, as the archiver bundles them): what safety costs over bare uploads. The second
    makes every PUT `archive --once` made, the same keys with bodies of the same sizes (its
    objects, and its heads and their copies, leases, node and topic records): what the
-   sidecar costs over the writes it must make, its reads and its own work;
+   sidecar costs over the writes it must make, its reads and its own work. A third makes
+   every request it made, in the order it made them: its PUTs as the second does, and its
+   GETs, HEADs, listings and deletes of the same keys and prefixes. What the sidecar costs
+   beyond that is its own work alone: how far it is bound by the store;
 3. `tiered run` as a child process on the archived bucket: seconds from start until every
    partition's lease is held (its `tiered_leases_held` gauge), then, once it has settled,
    its CPU over `--idle-s` seconds (percent of one core, and per 1,000 partitions), its RSS,
@@ -116,6 +119,10 @@ def write_log(log_dir: Path, partitions: int) -> None:
 Upload = tuple[str, tuple[Path, ...]]
 #: one PUT the sidecar made: its key and its body's size
 Put = tuple[str, int]
+#: one request the sidecar made: its operation ("put", "get", "head", "list", "delete"),
+#: its key (a listing's prefix; a delete's keys joined by newlines), and a PUT's body size or
+#: a GET's byte range
+Request = tuple[str, str, Any]
 
 
 def closed_files(log_dir: Path) -> list[Upload]:
@@ -140,35 +147,60 @@ def _body(paths: tuple[Path, ...]) -> bytes:
 
 class RecordingStore(CountingStore):
     """A counting store that also keeps the key and size of every PUT that succeeded, for the
-    baseline that makes the same PUTs (`Buckets.writer`)."""
+    baseline that makes the same PUTs (`Buckets.writer`), and every request in the order
+    made, succeeded or not, for the one that makes them all (`Buckets.replayer`)."""
 
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
         self.puts: list[Put] = []
+        self.requests: list[Request] = []
         self._puts_lock = threading.Lock()
 
     def _keep(self, key: str, size: int) -> None:
         with self._puts_lock:
             self.puts.append((key, size))
 
+    def _made(self, operation: str, key: str, detail: Any = None) -> None:
+        with self._puts_lock:
+            self.requests.append((operation, key, detail))
+
     def put(self, key: str, data: bytes, *, if_none_match: bool = False,
             if_match: str | None = None) -> str:
+        self._made("put", key, len(data))
         etag = super().put(key, data, if_none_match=if_none_match, if_match=if_match)
         self._keep(key, len(data))
         return etag
 
     def put_file(self, key: str, path: Path | str, *, ready: Callable[[], None] | None = None,
                  byte_range: tuple[int, int] | None = None) -> str:
-        etag = super().put_file(key, path, ready=ready, byte_range=byte_range)
         size = (byte_range[1] - byte_range[0] if byte_range is not None
                 else Path(path).stat().st_size)
+        self._made("put", key, size)
+        etag = super().put_file(key, path, ready=ready, byte_range=byte_range)
         self._keep(key, size)
         return etag
 
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> Any:
+        self._made("get", key, byte_range)
+        return super().get(key, byte_range)
 
-def archive_once(config_path: Path) -> tuple[dict[str, Any], list[Put]]:
+    def head(self, key: str) -> Any:
+        self._made("head", key)
+        return super().head(key)
+
+    def list(self, prefix: str = "") -> Any:
+        self._made("list", prefix)
+        return super().list(prefix)
+
+    def delete_many(self, keys_: Any) -> Any:
+        doomed = [*keys_]
+        self._made("delete", "\n".join(doomed))
+        return super().delete_many(doomed)
+
+
+def archive_once(config_path: Path) -> tuple[dict[str, Any], list[Put], list[Request]]:
     """`tiered archive --once`, as the command composes it, over a counting store: its
-    figures, and every PUT it made (key, bytes)."""
+    figures, every PUT it made (key, bytes) and every request."""
     from archiver.controller import ControllerParams
     from archiver.service import Archiver
     from tiered.app.cluster import keeper_for, leases_for
@@ -204,7 +236,7 @@ def archive_once(config_path: Path) -> tuple[dict[str, Any], list[Put]]:
         "requests_per_partition_beyond_objects": round((total - objects) / max(1, partitions), 2),
         "requests_by_kind": {f"{op} {what}": n for (op, what), n in sorted(store.seen.items())},
     }
-    return figures, store.puts
+    return figures, store.puts, store.requests
 
 
 class MotoBuckets:
@@ -234,6 +266,39 @@ class MotoBuckets:
             client.put_object(Bucket=name, Key=key, Body=body)
 
         return put, client.close
+
+    def replayer(self, name: str, concurrency: int) -> Replayer:
+        """A plain boto3 script making `Request`s into a new bucket `name`, with a pool for
+        `concurrency`: a missing object's 404 is an answer, as it was to the sidecar."""
+        import botocore.exceptions
+
+        self.moto.create_bucket(name)
+        client = self.moto.client(max_pool_connections=concurrency)
+        pages = client.get_paginator("list_objects_v2")
+
+        def make(request: Request) -> None:
+            operation, key, detail = request
+            try:
+                if operation == "put":
+                    client.put_object(Bucket=name, Key=key, Body=bytes(detail))
+                elif operation == "get":
+                    extra = {} if detail is None else {"Range": f"bytes={detail[0]}-"
+                                                                f"{detail[1] - 1}"}
+                    client.get_object(Bucket=name, Key=key, **extra)["Body"].read()
+                elif operation == "head":
+                    client.head_object(Bucket=name, Key=key)
+                elif operation == "list":
+                    for _page in pages.paginate(Bucket=name, Prefix=key):
+                        pass
+                elif operation == "delete":
+                    client.delete_objects(Bucket=name, Delete={
+                        "Objects": [{"Key": k} for k in key.split("\n")], "Quiet": True})
+            except botocore.exceptions.ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status not in (404, 416):
+                    raise
+
+        return make, client.close
 
     def segments_in(self, name: str) -> int:
         if self._client is None:
@@ -276,6 +341,32 @@ class FileBuckets:
         store = self._store(name)
         return (lambda key, body: store.put(key, body)), store.close
 
+    def replayer(self, name: str, concurrency: int) -> Replayer:
+        """`Request`s into a new directory `name` through the sidecar's own file store."""
+        from tiered.store.errors import ObjectNotFound
+
+        self.create(name)
+        store = self._store(name)
+
+        def make(request: Request) -> None:
+            operation, key, detail = request
+            try:
+                if operation == "put":
+                    store.put(key, bytes(detail))
+                elif operation == "get":
+                    store.get(key, detail)
+                elif operation == "head":
+                    store.head(key)
+                elif operation == "list":
+                    for _info in store.list(key):
+                        pass
+                elif operation == "delete":
+                    store.delete_many(key.split("\n"))
+            except ObjectNotFound:
+                pass
+
+        return make, store.close
+
     def segments_in(self, name: str) -> int:
         """Through the store's own listing: the directory also holds its ETag side files,
         named as the objects are, which a walk of the files would count twice."""
@@ -293,6 +384,8 @@ class FileBuckets:
 Buckets = MotoBuckets | FileBuckets
 #: what `Buckets.writer` gives: put(key, body), and close()
 Writer = tuple[Callable[[str, bytes], object], Callable[[], object]]
+#: what `Buckets.replayer` gives: make(request), and close()
+Replayer = tuple[Callable[[Request], object], Callable[[], object]]
 
 
 def timed_puts(buckets: Buckets, name: str, puts: list[tuple[str, Callable[[], bytes]]],
@@ -307,6 +400,23 @@ def timed_puts(buckets: Buckets, name: str, puts: list[tuple[str, Callable[[], b
     seconds = time.monotonic() - start
     close()
     return {"seconds": round(seconds, 1), "puts": len(puts),
+            "segments_per_s": round(segments / seconds, 1)}
+
+
+def timed_requests(buckets: Buckets, name: str, requests: list[Request], concurrency: int,
+                   segments: int) -> dict[str, Any]:
+    """`requests` into a new bucket `name` through `buckets.replayer`, in their order,
+    `concurrency` at a time: seconds, and `segments` per second."""
+    make, close = buckets.replayer(name, concurrency)
+    start = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(make, requests))
+    seconds = time.monotonic() - start
+    close()
+    made: dict[str, int] = {}
+    for operation, _key, _detail in requests:
+        made[operation] = made.get(operation, 0) + 1
+    return {"seconds": round(seconds, 1), "requests": len(requests), "by_operation": made,
             "segments_per_s": round(segments / seconds, 1)}
 
 
@@ -498,7 +608,7 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
         config = new_bucket(buckets, bucket, workdir, log_dir, "tiered", housekeeping_ms,
                             grace_ms)
         progress(f"{partitions} partitions: archive --once")
-        once, puts = archive_once(config)
+        once, puts, requests = archive_once(config)
         progress(f"{partitions} partitions: {buckets.baseline_name} baseline")
         concurrency, segments = once["upload_concurrency"], once["uploaded_segments"]
         base = timed_puts(buckets, bucket + "-baseline", object_puts(files), concurrency,
@@ -507,6 +617,10 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
         every = timed_puts(buckets, bucket + "-every-put", same_puts(puts), concurrency,
                            segments)
         del puts
+        progress(f"{partitions} partitions: {buckets.baseline_name} baseline of every request")
+        every_request = timed_requests(buckets, bucket + "-every-request", requests,
+                                       concurrency, segments)
+        del requests
         progress(f"{partitions} partitions: tiered run")
         # with a short grace period, the idle window starts once the first full passes
         # (spread over the first grace period) are over and a census has run
@@ -531,6 +645,9 @@ def one_count(buckets: Buckets, partitions: int, args: argparse.Namespace) -> di
             f"{name}_every_put": every,
             f"throughput_vs_{name}_every_put": round(
                 once["segments_per_s"] / every["segments_per_s"], 2),
+            f"{name}_every_request": every_request,
+            f"throughput_vs_{name}_every_request": round(
+                once["segments_per_s"] / every_request["segments_per_s"], 2),
             "daemon": daemon,
             "busy_stop": busy,
         }

@@ -178,6 +178,13 @@ def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
     puts = sum(n for kind, n in once["requests_by_kind"].items() if kind.startswith("put "))
     assert run["boto3_every_put"]["puts"] == puts > 2 * 2 * 12
     assert run["throughput_vs_boto3_every_put"] > 0
+    # the third makes every request it made, reads and listings too, as many of each
+    every = run["boto3_every_request"]
+    assert every["requests"] == once["store_requests"]
+    for operation in ("put", "list"):
+        assert every["by_operation"][operation] == sum(
+            n for kind, n in once["requests_by_kind"].items() if kind.startswith(operation + " "))
+    assert run["throughput_vs_boto3_every_request"] > 0
     assert daemon["leases_held"] == 12 and daemon["idle_housekeeping_passes"] == 3
     # a grace period and a half idle, after the first full passes: the census spares them
     assert daemon["idle_grace_periods"] == 1.5 and daemon["idle_census_spared_passes"] > 0
@@ -204,6 +211,7 @@ def test_partitions_benchmark_runs_on_file_buckets() -> None:
     assert run["file_store_puts"]["puts"] == 2 * 2 * 12
     assert run["throughput_vs_file_store_puts"] > 0
     assert run["file_store_puts_every_put"]["puts"] > 2 * 2 * 12
+    assert run["file_store_puts_every_request"]["requests"] == once["store_requests"]
     assert daemon["leases_held"] == 12 and daemon["stop_s"] is not None
     assert daemon["start_store_requests"] is None and daemon["idle_store_requests"] is None
     steady = daemon["steady"]

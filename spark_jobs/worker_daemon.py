@@ -6,8 +6,9 @@ fresh worker imports the job's modules when it unpickles its first task: boto3 a
 numpy, tiered's packages. That is one to two seconds a worker (`crc32c` alone reads its
 version from package metadata, which scans every zip on `sys.path`, PySpark's included), and a
 job forks a new worker whenever every worker is busy. Imported here, once, they are in every
-worker the daemon forks. Nothing here starts a thread or opens a connection before the fork:
-stores are still built in each worker (`spark_jobs.compact._executor_store`).
+worker the daemon forks, and so are S3's service models, parsed here once
+(`tiered.store.s3.warm_client_models`). Nothing here starts a thread or opens a connection
+before the fork: stores are still built in each worker (`spark_jobs.compact._executor_store`).
 
 A worker also calls `importlib.invalidate_caches()` before every task, and since Python 3.10
 that makes each zip importer read its archive's whole directory again: PySpark's own

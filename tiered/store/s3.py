@@ -13,7 +13,6 @@ import functools
 import http.client
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -145,19 +144,19 @@ def map_s3_error(
     return exc
 
 
-_loader_lock = threading.Lock()
 _loader: botocore.loaders.Loader | None = None
 
 
 def _botocore_session() -> botocore.session.Session:
     """A new botocore session reading its service models through the process's one loader.
-    Each session would parse S3's models again (about 40 ms a client); a Spark worker builds a
-    client per task, and the loader's parsed models are only read once parsed."""
+    Each session would parse S3's models again (about 45 ms a client); a Spark worker builds a
+    client per task, and the loader's parsed models are only read once parsed. No lock: two
+    threads racing to make the first loader each get a working one, and a lock held across a
+    fork would leave the child unable to build a client."""
     global _loader
-    with _loader_lock:
-        if _loader is None:
-            _loader = botocore.loaders.create_loader()
-        loader = _loader
+    loader = _loader
+    if loader is None:
+        loader = _loader = botocore.loaders.create_loader()
     session = botocore.session.Session()
     session.register_component("data_loader", loader)
     return session

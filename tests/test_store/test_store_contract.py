@@ -526,6 +526,15 @@ def test_s3_clients_share_one_parse_of_the_service_models(s3_store: S3Store) -> 
         clone.close()
 
 
+def test_warming_s3_models_never_stops_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark's worker daemon warms S3's models before it forks; an AWS configuration no client
+    can be built from (a named profile that is not there) must not keep it from starting."""
+    assert tiered.store.s3.warm_client_models()
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile-here")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+    assert tiered.store.s3.warm_client_models() is False
+
+
 def test_s3_multipart_etag_and_part_size(s3_store: S3Store, tmp_path: Path) -> None:
     src = tmp_path / "three-parts.log"
     src.write_bytes(os.urandom(2 * TEST_MULTIPART_THRESHOLD + 1))

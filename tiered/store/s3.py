@@ -162,11 +162,18 @@ def _botocore_session() -> botocore.session.Session:
     return session
 
 
-def warm_client_models() -> None:
+def warm_client_models() -> bool:
     """Parse S3's service models into the shared loader now (no request is made): Spark's
-    worker daemon does it once before it forks, so no task pays for it."""
-    S3Store._make_client(StoreSettings(url="s3://warm", endpoint_url="http://127.0.0.1:9",
-                                       access_key="-", secret_key="-"))
+    worker daemon does it once before it forks, so no task pays for it. Best effort: a
+    process whose AWS configuration a client cannot be built from (a profile named but not
+    there) still starts, and each store then reports that error itself. Whether it warmed."""
+    try:
+        S3Store._make_client(StoreSettings(url="s3://warm", endpoint_url="http://127.0.0.1:9",
+                                           access_key="-", secret_key="-"))
+    except Exception as exc:  # noqa: BLE001 - an optimisation must not stop the daemon
+        log.debug("S3's service models not parsed ahead: %s", exc)
+        return False
+    return True
 
 
 def _strip_etag(etag: object) -> str:

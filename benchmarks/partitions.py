@@ -120,8 +120,8 @@ Upload = tuple[str, tuple[Path, ...]]
 #: one PUT the sidecar made: its key and its body's size
 Put = tuple[str, int]
 #: one request the sidecar made: its operation ("put", "get", "head", "list", "delete"),
-#: its key (a listing's prefix; a delete's keys joined by newlines), and a PUT's body size or
-#: a GET's byte range
+#: its key (a listing's prefix; a delete's first key), and a PUT's body size, a GET's byte
+#: range or a delete's keys (`delete_batches` makes of them the requests a store makes)
 Request = tuple[str, str, Any]
 
 
@@ -194,7 +194,7 @@ class RecordingStore(CountingStore):
 
     def delete_many(self, keys_: Any) -> Any:
         doomed = [*keys_]
-        self._made("delete", "\n".join(doomed))
+        self._made("delete", doomed[0] if doomed else "", tuple(doomed))
         return super().delete_many(doomed)
 
 
@@ -291,8 +291,9 @@ class MotoBuckets:
                     for _page in pages.paginate(Bucket=name, Prefix=key):
                         pass
                 elif operation == "delete":
-                    client.delete_objects(Bucket=name, Delete={
-                        "Objects": [{"Key": k} for k in key.split("\n")], "Quiet": True})
+                    for batch in delete_batches(detail):
+                        client.delete_objects(Bucket=name, Delete={
+                            "Objects": [{"Key": k} for k in batch], "Quiet": True})
             except botocore.exceptions.ClientError as exc:
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
                 if status not in (404, 416):
@@ -361,7 +362,7 @@ class FileBuckets:
                     for _info in store.list(key):
                         pass
                 elif operation == "delete":
-                    store.delete_many(key.split("\n"))
+                    store.delete_many(detail)
             except ObjectNotFound:
                 pass
 
@@ -401,6 +402,15 @@ def timed_puts(buckets: Buckets, name: str, puts: list[tuple[str, Callable[[], b
     close()
     return {"seconds": round(seconds, 1), "puts": len(puts),
             "segments_per_s": round(segments / seconds, 1)}
+
+
+def delete_batches(keys: tuple[str, ...]) -> list[list[str]]:
+    """A delete's keys as S3Store sends them: each once, at most `DELETE_BATCH` a request, no
+    request for none."""
+    from tiered.store.s3 import DELETE_BATCH
+
+    unique = list(dict.fromkeys(keys))
+    return [unique[i:i + DELETE_BATCH] for i in range(0, len(unique), DELETE_BATCH)]
 
 
 def timed_requests(buckets: Buckets, name: str, requests: list[Request], concurrency: int,

@@ -199,6 +199,18 @@ def test_partitions_benchmark_counts_the_daemon_s_requests() -> None:
     assert run["busy_stop"]["segments_to_upload"] == 2 * 12 + new
 
 
+def test_partitions_replay_deletes_as_the_store_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The every-request baseline sends a delete as S3Store does: each key once, at most a
+    thousand a request, no request for none (an empty or oversized batch would be refused)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from partitions import delete_batches
+
+    assert delete_batches(()) == []
+    batches = delete_batches(tuple(f"k{i % 1500}" for i in range(3000)))
+    assert [len(b) for b in batches] == [1000, 500]
+    assert sorted(k for b in batches for k in b) == sorted(f"k{i}" for i in range(1500))
+
+
 @pytest.mark.timeout(300)
 def test_partitions_benchmark_runs_on_file_buckets() -> None:
     """`--store file`: every phase on file:// buckets, the baseline through the same store
